@@ -1,0 +1,462 @@
+"""Typed configs: dataclasses loaded from YAML, overridden with ``--set a.b=c``.
+
+A config file names its recipe at the top (``recipe: demo``), which picks the root
+dataclass from ``RECIPE_CONFIGS``; every section below it is a dataclass whose fields
+carry a one-line docstring. Sections with several implementations (optimizers, ...)
+derive from ``Choice`` and pick their class by a ``type:`` key from a registry.
+
+Everything a user can get wrong is a ``ConfigError`` that names the file, the dotted
+key and the reason: an unknown key (with the closest valid key), a wrong type, a
+value out of range (raised by a section's ``__post_init__`` through ``require``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from omni_rl.errors import ConfigError
+from omni_rl.registry import Registry, did_you_mean
+
+
+class FieldError(ValueError):
+    """Raised inside ``__post_init__``; the loader adds the file and section to it."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field_name = field_name
+
+
+def require(condition: bool, field_name: str, message: str) -> None:
+    """Validation helper for ``__post_init__``: raise FieldError unless ``condition``."""
+    if not condition:
+        raise FieldError(field_name, message)
+
+
+class Choice:
+    """Base of a section chosen by its ``type:`` key from ``registry``."""
+
+    registry: ClassVar[Registry]
+    default_type: ClassVar[str]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes, and on what hardware."""
+
+    name: str = "run"
+    """A label for logs and metrics."""
+    output_dir: str = "runs/run"
+    """Directory for the resolved config, metrics, checkpoints and summaries."""
+    seed: int = 0
+    """Seed for Python, NumPy and torch."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """'auto' picks CUDA when available."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """'auto' is bfloat16 on CUDA and float32 on CPU."""
+    threads: int | None = None
+    """torch CPU threads; unset reads OMNI_RL_THREADS, else torch's default."""
+
+    def __post_init__(self):
+        require(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
+
+
+@dataclass
+class ModelConfig:
+    """Which checkpoint to load."""
+
+    path: str | None = None
+    """A local Hugging Face checkpoint directory; unset builds a tiny model."""
+    tiny_family: str = "qwen2_5_vl"
+    """Family of the tiny model built when ``path`` is unset."""
+
+    def __post_init__(self):
+        from omni_rl.models.families import FAMILIES
+
+        require(
+            self.tiny_family in FAMILIES,
+            "tiny_family",
+            f"unknown family '{self.tiny_family}'{did_you_mean(self.tiny_family, FAMILIES.names())}; "
+            f"known: {', '.join(FAMILIES)}",
+        )
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling parameters for answers."""
+
+    max_new_tokens: int = 16
+    """Longest answer in tokens."""
+    temperature: float = 0.0
+    """0 decodes greedily."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables."""
+
+    def __post_init__(self):
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        require(self.temperature >= 0, "temperature", "must be >= 0")
+        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        require(self.top_k >= 0, "top_k", "must be >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    """The optimization loop."""
+
+    steps: int = 30
+    """Optimizer steps."""
+    log_every: int = 5
+    """Print and log metrics every this many steps."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+
+    def __post_init__(self):
+        require(self.steps >= 1, "steps", "must be >= 1")
+        require(self.log_every >= 1, "log_every", "must be >= 1")
+        require(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+
+
+OPTIMIZERS: Registry[type] = Registry("optimizer")
+
+
+@dataclass
+class OptimizerConfig(Choice):
+    """An optimizer, chosen by ``type:``."""
+
+    registry: ClassVar[Registry] = OPTIMIZERS
+    default_type: ClassVar[str] = "adamw"
+
+    lr: float = 1e-5
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+
+    def __post_init__(self):
+        require(self.lr > 0, "lr", "must be > 0")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+
+    def build(self, params: Iterable) -> Any:
+        """The torch optimizer over ``params``."""
+        raise NotImplementedError
+
+
+@OPTIMIZERS.register("adamw")
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """torch.optim.AdamW."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's moment decay rates."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+
+    def build(self, params: Iterable) -> Any:
+        import torch
+
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+
+@OPTIMIZERS.register("sgd")
+@dataclass
+class SGDConfig(OptimizerConfig):
+    """torch.optim.SGD with momentum."""
+
+    momentum: float = 0.9
+    """Momentum factor."""
+
+    def build(self, params: Iterable) -> Any:
+        import torch
+
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+@dataclass
+class DemoVideoConfig:
+    """The generated clip the demo asks about: a square crossing a plain background."""
+
+    direction: Literal["left", "right", "up", "down"] = "right"
+    """Where the square moves; the answer the demo teaches."""
+    seconds: float = 2.0
+    """Clip length."""
+    fps: int = 15
+    """Frame rate of the encoded clip."""
+    width: int = 160
+    """Frame width in pixels."""
+    height: int = 120
+    """Frame height in pixels."""
+    sample_fps: float = 2.0
+    """Frames per second handed to the model."""
+
+    def __post_init__(self):
+        require(self.seconds > 0, "seconds", "must be > 0")
+        require(self.fps >= 1, "fps", "must be >= 1")
+        require(self.width >= 32 and self.height >= 32, "width", "frames must be at least 32x32")
+        require(self.sample_fps > 0, "sample_fps", "must be > 0")
+
+
+# ------------------------------------------------------------------------- root configs
+
+RECIPE_CONFIGS: Registry[type] = Registry("recipe")
+
+
+@RECIPE_CONFIGS.register("demo")
+@dataclass
+class DemoConfig:
+    """The end-to-end demo: build or load a model, ask it which way a square moves in a
+    generated clip, teach it the answer with supervised steps, ask again."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="demo", output_dir="runs/demo"))
+    """Output directory, seed and hardware."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The checkpoint (or tiny family)."""
+    video: DemoVideoConfig = field(default_factory=DemoVideoConfig)
+    """The generated clip."""
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """How answers are decoded."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The supervised steps."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-3))
+    """The optimizer of those steps."""
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """``value`` checked and converted to the annotation ``tp``; ConfigError otherwise."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        if len(errors) == 1:
+            raise ConfigError(errors[0])
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{where}: must be one of {choices}, got {value!r}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, Choice):
+        return _build_choice(tp, value, where)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        # YAML 1.1 reads '1e-6' (no dot) as a string; accept any numeric spelling.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_describe(value)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+        item = args[0] if args else Any
+        items = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        key_tp, val_tp = args or (Any, Any)
+        return {_coerce(key_tp, k, where): _coerce(val_tp, v, f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"config annotation {tp!r} at {where} is not supported")
+
+
+def _build_choice(base: type, value: Any, where: str) -> Any:
+    if isinstance(value, base):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping with a 'type' key, got {_describe(value)}")
+    value = dict(value)
+    name = value.pop("type", base.default_type)
+    if name not in base.registry:
+        known = ", ".join(base.registry)
+        raise ConfigError(
+            f"{where}.type: unknown {base.registry.kind} '{name}'{did_you_mean(str(name), base.registry.names())}; "
+            f"known: {known}"
+        )
+    return _build(base.registry.get(name), value, where)
+
+
+def _build(cls: type, value: Any, where: str) -> Any:
+    """An instance of dataclass ``cls`` from the mapping ``value``."""
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {_describe(value)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs = {}
+    for key, raw in value.items():
+        if key not in names:
+            section = f"section '{where}'" if where else "the top level"
+            raise ConfigError(
+                f"{where + '.' if where else ''}{key}: unknown key '{key}' in {section}"
+                f"{did_you_mean(str(key), names)}; valid keys: {', '.join(names)}"
+            )
+        kwargs[key] = _coerce(hints[key], raw, f"{where}.{key}" if where else key)
+    try:
+        return cls(**kwargs)
+    except FieldError as err:
+        name = f"{where}.{err.field_name}" if where else err.field_name
+        raise ConfigError(f"{name}: {err}") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'a.b=c'`` -> (['a', 'b'], c) with c read as a YAML scalar (so typed)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. trainer.steps=10")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    """A copy of the raw config mapping with each ``a.b=c`` override set."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text}: '{'.'.join(keys[: depth + 1])}' is not a section")
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def config_from_dict(raw: dict, source: str = "config") -> Any:
+    """The root config of ``raw['recipe']``, validated; errors name ``source``."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    raw = dict(raw)
+    recipe = raw.pop("recipe", None)
+    if recipe is None:
+        raise ConfigError(f"{source}: missing 'recipe' key; known recipes: {', '.join(RECIPE_CONFIGS)}")
+    if recipe not in RECIPE_CONFIGS:
+        raise ConfigError(
+            f"{source}: recipe: unknown recipe '{recipe}'{did_you_mean(str(recipe), RECIPE_CONFIGS.names())}; "
+            f"known: {', '.join(RECIPE_CONFIGS)}"
+        )
+    try:
+        return _build(RECIPE_CONFIGS.get(recipe), raw, "")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file, or a ConfigError naming the file and the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(err, 'problem', err)}") from None
+    return data if data is not None else {}
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = (), recipe: str | None = None) -> Any:
+    """Load, override and validate a config file.
+
+    Args:
+        path: a YAML file; None starts from ``recipe``'s defaults.
+        overrides: ``a.b=c`` strings applied before validation.
+        recipe: the recipe of a config built from defaults alone.
+    """
+    raw = read_yaml(path) if path is not None else {"recipe": recipe}
+    raw = apply_overrides(raw, overrides)
+    return config_from_dict(raw, str(path) if path is not None else f"<{recipe} defaults>")
+
+
+def recipe_name(cfg: Any) -> str:
+    """The recipe name a root config was registered under."""
+    for name in RECIPE_CONFIGS:
+        if type(cfg) is RECIPE_CONFIGS.get(name):
+            return name
+    raise TypeError(f"{type(cfg).__name__} is not a registered recipe config")
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain data (YAML-safe) for a config; ``Choice`` sections carry their ``type``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        if isinstance(obj, Choice):
+            out["type"] = next(n for n in obj.registry if obj.registry.get(n) is type(obj))
+        for f in dataclasses.fields(obj):
+            out[f.name] = to_dict(getattr(obj, f.name))
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def save_config(cfg: Any, path: str | Path) -> Path:
+    """Write the resolved config (recipe first) as YAML; it loads back to an equal config."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"recipe": recipe_name(cfg), **to_dict(cfg)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,85 @@
+"""Model families: one loader for tiny and released checkpoints, and tiny builders.
+
+``load(path)`` reads ``model_type`` from the checkpoint's config.json, finds its family
+and returns ``(model, processor)``. ``build_tiny(family, out)`` writes a seeded,
+random-init checkpoint of at most 2 M parameters that plain transformers loads too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from omni_rl.errors import OmniRLError
+from omni_rl.models.families import FAMILIES, Family
+from omni_rl.models.tokenizer import build_tokenizer
+
+__all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "load", "placeholder_token_ids"]
+
+
+def family_of(path: str | Path) -> Family:
+    """The family of the checkpoint at ``path``, from its config.json's ``model_type``."""
+    config_file = Path(path) / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text())["model_type"]
+    except FileNotFoundError:
+        raise OmniRLError(f"{path}: not a checkpoint directory (no config.json)") from None
+    except (json.JSONDecodeError, KeyError):
+        raise OmniRLError(f"{config_file}: unreadable or without 'model_type'") from None
+    if model_type not in FAMILIES:
+        raise OmniRLError(f"{config_file}: model_type '{model_type}' is not supported; known: {', '.join(FAMILIES)}")
+    return FAMILIES.get(model_type)
+
+
+def load(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.nn.Module, object]:
+    """Load a local checkpoint (tiny or released) and its processor.
+
+    Args:
+        path: a directory written by ``save_pretrained``; nothing is downloaded.
+        device: where the model's parameters go.
+        dtype: parameter dtype (bfloat16 on GPUs, float32 on CPUs).
+
+    Returns:
+        (model, processor), the model in eval mode.
+    """
+    from transformers import AutoProcessor
+
+    family = family_of(path)
+    model = family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    return model.to(device).eval(), processor
+
+
+def build_tiny(family: str, out: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random-init checkpoint of ``family`` (model, processor, tokenizer).
+
+    The same ``seed`` gives the same weights, byte for byte.
+    """
+    spec = FAMILIES.get(family)
+    tokenizer = build_tokenizer(spec.tokens)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = spec.model_cls()(spec.tiny_config(tokenizer))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    spec.tiny_processor(tokenizer).save_pretrained(out)
+    return out
+
+
+def placeholder_token_ids(processor) -> list[int]:
+    """Ids of the media placeholder tokens (image, video, audio pads) of a processor's
+    tokenizer: a sampler must never emit them."""
+    tokenizer = processor.tokenizer
+    ids = []
+    for attr in ("image_token", "video_token", "audio_token"):
+        token = getattr(processor, attr, None) or getattr(tokenizer, attr, None)
+        if token is not None:
+            ids.append(tokenizer.convert_tokens_to_ids(token))
+    return sorted(set(ids))

@@ -1,0 +1,1 @@
+"""Training methods, one file each, read top to bottom."""

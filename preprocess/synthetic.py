@@ -1,0 +1,52 @@
+"""Synthetic media with known ground truth, for tests, benchmarks and demos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+
+
+def moving_square(
+    direction: str, seconds: float, fps: int, width: int, height: int, color=(230, 40, 40), background=(20, 20, 60)
+) -> np.ndarray:
+    """Frames of a square crossing the frame in ``direction``: uint8 [T, H, W, 3].
+
+    The square travels from one side's quarter line to the other's, so its motion is
+    visible in any two frames sampled far enough apart.
+    """
+    dx, dy = DIRECTIONS[direction]
+    n = max(2, round(seconds * fps))
+    side = max(4, min(width, height) // 5)
+    frames = np.empty((n, height, width, 3), dtype=np.uint8)
+    frames[:] = np.asarray(background, dtype=np.uint8)
+    cx0, cy0 = (width - side) / 2, (height - side) / 2
+    for t in range(n):
+        progress = t / (n - 1) - 0.5  # -0.5 .. 0.5
+        x = round(cx0 + dx * progress * width / 2)
+        y = round(cy0 + dy * progress * height / 2)
+        frames[t, y : y + side, x : x + side] = np.asarray(color, dtype=np.uint8)
+    return frames
+
+
+def write_video(path: str | Path, frames: np.ndarray, fps: int, crf: int = 18) -> Path:
+    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically."""
+    import av
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.mp4")
+    height, width = frames.shape[1:3]
+    with av.open(str(tmp), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = width - width % 2, height - height % 2
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": str(crf), "preset": "veryfast"}
+        for frame in frames:
+            image = av.VideoFrame.from_ndarray(frame[: stream.height, : stream.width], format="rgb24")
+            container.mux(stream.encode(image))
+        container.mux(stream.encode(None))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,1 @@
+"""Task-routed verifiable rewards (imported as ``omni_rl.rewards``)."""

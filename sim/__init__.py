@@ -1,0 +1,1 @@
+"""Simulation environments for robot-policy RL (imported as ``omni_rl.sim``)."""

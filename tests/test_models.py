@@ -1,0 +1,173 @@
+"""Tiny offline models of every family: build, load back, forward, backward, generate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from omni_rl.models import FAMILIES, build_tiny, family_of, load, placeholder_token_ids
+from omni_rl.models.inputs import IGNORE_INDEX, append_completion, encode_prompts
+from omni_rl.preprocess.synthetic import moving_square, write_video
+from omni_rl.preprocess.video import read_video
+
+ALL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_audio", "qwen2_5_omni_thinker"]
+ENCODER_PREFIXES = ("visual", "audio_tower")
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    path = write_video(tmp_path_factory.mktemp("media") / "clip.mp4", moving_square("up", 2.0, 15, 128, 96), 15)
+    return read_video(path, sample_fps=2.0)
+
+
+def tone(seconds: float = 1.0, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def media_prompt(family: str, clip) -> tuple[list[dict], dict]:
+    """A one-prompt conversation with every modality the family takes (Omni: audio and image)."""
+    modalities = FAMILIES.get(family).modalities
+    content, media = [], {}
+    if "image" in modalities:
+        content.append({"type": "image"})
+        media["images"] = [np.random.default_rng(0).integers(0, 255, (80, 120, 3), dtype=np.uint8)]
+    if "video" in modalities and family != "qwen2_5_omni_thinker":
+        content.append({"type": "video"})
+        media["videos"] = [clip]
+    if "audio" in modalities:
+        content.append({"type": "audio"})
+        media["audios"] = [tone()]
+    content.append({"type": "text", "text": "Describe it."})
+    return [{"role": "user", "content": content}], media
+
+
+def test_every_family_is_registered():
+    assert sorted(FAMILIES) == sorted(ALL)
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_tiny_model_forward_backward_generate(family, tiny_checkpoint, clip):
+    path = tiny_checkpoint(family)
+    assert family_of(path).name == family
+    model, processor = load(path)
+    assert type(model).__name__ == FAMILIES.get(family).model_class
+    assert sum(p.numel() for p in model.parameters()) <= 2_000_000
+
+    messages, media = media_prompt(family, clip)
+    inputs = encode_prompts(processor, [messages], **media)
+    if "video" in media:
+        assert inputs["video_grid_thw"][0, 0].item() == len(clip.indices) // 2
+    if "audios" in media:
+        assert "input_features" in inputs
+
+    # forward + backward: the loss reaches the media encoder
+    model.train()
+    batch, labels = append_completion(inputs, processor.tokenizer("a cat", return_tensors="pt")["input_ids"])
+    loss = model(**batch, labels=labels).loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    encoder_grads = [
+        p.grad.abs().sum().item()
+        for name, p in model.named_parameters()
+        if any(prefix in name for prefix in ENCODER_PREFIXES) and p.grad is not None
+    ]
+    assert encoder_grads and sum(encoder_grads) > 0
+
+    # generate exactly 16 tokens, none of them a media placeholder
+    model.eval()
+    banned = placeholder_token_ids(processor)
+    assert banned
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            suppress_tokens=banned,
+            pad_token_id=processor.tokenizer.pad_token_id,
+        )
+    new = out[0, inputs["input_ids"].shape[1] :]
+    assert new.numel() == 16
+    assert not set(new.tolist()) & set(banned)
+
+
+def test_build_is_seeded_and_deterministic(tmp_path):
+    a = build_tiny("qwen2_vl", tmp_path / "a", seed=1)
+    b = build_tiny("qwen2_vl", tmp_path / "b", seed=1)
+    c = build_tiny("qwen2_vl", tmp_path / "c", seed=2)
+    weights = [(d / "model.safetensors").read_bytes() for d in (a, b, c)]
+    assert weights[0] == weights[1]
+    assert weights[0] != weights[2]
+
+
+def test_qwen2_5_vl_uses_mm_token_type_ids_for_3d_positions(tiny_checkpoint, clip):
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Where?"}]}]
+    inputs = encode_prompts(processor, [messages], videos=[clip])
+    video_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert torch.equal(inputs["mm_token_type_ids"].bool(), inputs["input_ids"] == video_id)
+    with torch.no_grad():
+        full = model(**inputs).logits
+        without = model(**{k: v for k, v in inputs.items() if k != "mm_token_type_ids"}).logits
+    # Without the ids the model falls back to 1-D positions and computes something else.
+    assert not torch.allclose(full, without, atol=1e-5)
+    # Appended completion tokens are typed as text, so the prompt's logits are unchanged.
+    batch, _ = append_completion(inputs, torch.tensor([[100, 101]]))
+    with torch.no_grad():
+        extended = model(**batch).logits
+    torch.testing.assert_close(extended[:, : full.shape[1]], full)
+
+
+def test_chat_template_dispatches_on_type_for_datasets_style_rows(tiny_checkpoint):
+    """Rows read through `datasets` carry every key in every part, with None values."""
+    _, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": None, "video": None, "text": None},
+                {"type": "text", "image": None, "video": None, "text": "What is it?"},
+            ],
+        }
+    ]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.count("<|image_pad|>") == 1
+    assert "<|video_pad|>" not in text
+    assert text.endswith("What is it?<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+
+
+def test_omni_thinker_config_fields(tiny_checkpoint):
+    path = tiny_checkpoint("qwen2_5_omni_thinker")
+    config = json.loads((path / "config.json").read_text())
+    _, processor = load(path)
+    tokenizer = processor.tokenizer
+    assert config["vision_start_token_id"] == tokenizer.convert_tokens_to_ids("<|vision_bos|>")
+    rope = config["text_config"]["rope_parameters"]
+    assert rope["rope_type"] == "default"
+    assert (
+        sum(rope["mrope_section"]) * 2
+        == config["text_config"]["hidden_size"] // config["text_config"]["num_attention_heads"]
+    )
+
+
+def test_completion_labels_mask_prompt_and_padding():
+    inputs = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+    batch, labels = append_completion(inputs, torch.tensor([[7, 8, 0]]), torch.tensor([[1, 1, 0]]))
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 7, 8, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0]]
+    assert labels.tolist() == [[IGNORE_INDEX] * 3 + [7, 8, IGNORE_INDEX]]
+
+
+def test_load_rejects_non_checkpoints(tmp_path):
+    from omni_rl.errors import OmniRLError
+
+    with pytest.raises(OmniRLError, match=r"no config\.json"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(OmniRLError, match="model_type 'llama' is not supported"):
+        load(tmp_path)

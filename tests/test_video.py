@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+from qwen_vl_utils.vision_process import smart_nframes
+
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess import video as video_mod
+from omni_rl.preprocess.synthetic import moving_square, write_video
+from omni_rl.preprocess.video import read_video, sample_indices
+
+
+def test_moving_square_moves_the_right_way():
+    frames = moving_square("right", 1.0, 10, 64, 48)
+    assert frames.shape == (10, 48, 64, 3) and frames.dtype == np.uint8
+    red = frames[..., 0] > 128
+    first_x = np.nonzero(red[0])[1].mean()
+    last_x = np.nonzero(red[-1])[1].mean()
+    assert last_x > first_x + 10
+    down = moving_square("down", 1.0, 10, 64, 48)[..., 0] > 128
+    assert np.nonzero(down[-1])[0].mean() > np.nonzero(down[0])[0].mean() + 5
+
+
+@pytest.mark.parametrize(
+    ("total", "fps", "sample_fps", "max_frames"),
+    [(30, 15, 2.0, None), (300, 30, 2.0, None), (3000, 30, 2.0, 16), (90, 30, 1.0, None)],
+)
+def test_sample_indices_follow_qwen_vl_utils(total, fps, sample_fps, max_frames):
+    spec = {"fps": sample_fps} | ({"max_frames": max_frames} if max_frames else {})
+    indices = sample_indices(total, fps, sample_fps, max_frames)
+    assert len(indices) == smart_nframes(spec, total_frames=total, video_fps=fps)
+    assert len(indices) % 2 == 0
+    assert indices[0] == 0 and indices[-1] == total - 1
+    assert indices == sorted(indices)
+
+
+def test_decord_and_pyav_decode_identical_frames(tmp_path):
+    path = write_video(tmp_path / "clip.mp4", moving_square("left", 2.0, 15, 96, 64), 15)
+    a = read_video(path, sample_fps=2.0)
+    b = video_mod._read_pyav(path, 2.0, None)
+    assert a.backend == "decord" and b.backend == "pyav"
+    assert a.total_frames == b.total_frames == 30 and a.fps == pytest.approx(15.0)
+    assert a.indices == b.indices
+    np.testing.assert_array_equal(a.frames, b.frames)
+    meta = a.metadata()
+    assert meta["frames_indices"] == a.indices and meta["total_num_frames"] == 30
+    assert a.timestamps[-1] == pytest.approx(29 / 15)
+
+
+def test_pyav_is_the_fallback_when_decord_fails(tmp_path, monkeypatch):
+    path = write_video(tmp_path / "clip.mp4", moving_square("up", 1.0, 10, 64, 64), 10)
+
+    def broken(*_):
+        raise RuntimeError("decord cannot open this")
+
+    monkeypatch.setattr(video_mod, "_read_decord", broken)
+    clip = video_mod.read_video(path)
+    assert clip.backend == "pyav"
+
+
+def test_bad_files_raise_an_error_naming_the_file(tmp_path):
+    with pytest.raises(OmniRLError, match=r"missing\.mp4: no such video file"):
+        read_video(tmp_path / "missing.mp4")
+    fake = tmp_path / "notes.mp4"
+    fake.write_text("this is not a video")
+    with pytest.raises(OmniRLError, match=r"notes.mp4: cannot decode video \(decord: .*; pyav: .*\)"):
+        read_video(fake)
+
+
+def test_make_synthetic_media_tool_writes_decodable_clips(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).parent.parent / "tools" / "make_synthetic_media.py"
+    result = subprocess.run(
+        [sys.executable, str(tool), "--out", str(tmp_path), "--seconds", "1", "--fps", "10"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["direction"] for r in rows] == ["left", "right", "up", "down"]
+    assert read_video(rows[0]["path"], sample_fps=2.0).total_frames == 10
