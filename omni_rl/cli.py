@@ -117,6 +117,85 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budgets(config: str | None, overrides: list[str]):
+    """Media budgets from any config with a ``media`` section (default: preprocess defaults)."""
+    from omni_rl.config import load_config
+    from omni_rl.errors import ConfigError
+    from omni_rl.preprocess.pipeline import Budgets
+
+    cfg = load_config(config, overrides, recipe="preprocess")
+    if not hasattr(cfg, "media"):
+        raise ConfigError(f"{config}: this recipe's config has no 'media' section")
+    return Budgets.from_config(cfg.media)
+
+
+@command(
+    "preprocess",
+    "decode, sample and resize a dataset's media once, into a cache",
+    arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
+    arg("--cache", required=True, metavar="DIR", help="cache directory"),
+    arg("--config", metavar="FILE", help="a config with a 'media' section"),
+    arg("--workers", type=int, default=None, help="processes (default: the number of cores)"),
+    arg("--strict", action="store_true", help="exit 1 when any row fails"),
+    arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
+    OVERRIDE,
+)
+def _preprocess(args: argparse.Namespace) -> int:
+    from omni_rl.preprocess.pipeline import preprocess
+
+    report = preprocess(args.data, args.cache, _budgets(args.config, args.overrides), args.workers, args.limit)
+    print(report.table())
+    if report.failed:
+        print(f"failures: {args.cache}/failures.jsonl")
+    return 1 if args.strict and report.failed else 0
+
+
+@command("cache stats", "entries, bytes and parameter sets of a cache", arg("cache", metavar="DIR"))
+def _cache_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from omni_rl.preprocess.cache import MediaCache
+
+    print(json.dumps(MediaCache(args.cache).stats(), indent=2))
+    return 0
+
+
+@command("cache verify", "re-hash every entry; exit 1 if any is corrupt", arg("cache", metavar="DIR"))
+def _cache_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omni_rl.preprocess.cache import MediaCache
+
+    cache = MediaCache(args.cache)
+    cache.manifest()
+    keys = cache.entry_keys()
+    corrupt = [(k, why) for k in tqdm(keys, desc="verify", unit="entry") if (why := cache.check(k))]
+    for key, why in corrupt:
+        print(f"corrupt: {cache.path(key)}: {why}")
+    print(f"{len(keys) - len(corrupt)} ok, {len(corrupt)} corrupt")
+    return 1 if corrupt else 0
+
+
+@command(
+    "cache gc",
+    "remove entries that no row of DATA references",
+    arg("cache", metavar="DIR"),
+    arg("--data", required=True, metavar="DATA"),
+    arg("--config", metavar="FILE", help="the config the cache was built with"),
+    OVERRIDE,
+)
+def _cache_gc(args: argparse.Namespace) -> int:
+    from omni_rl.preprocess.cache import MediaCache
+    from omni_rl.preprocess.pipeline import referenced_keys
+
+    cache = MediaCache(args.cache)
+    keep = referenced_keys(args.data, _budgets(args.config, args.overrides))
+    removed = [k for k in cache.entry_keys() if k not in keep]
+    freed = sum(cache.remove(k) for k in removed)
+    print(f"removed {len(removed)} entries ({freed} bytes), kept {len(cache.entry_keys())}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered command."""
     parser = argparse.ArgumentParser(prog="omni-rl", description="RL for multimodal models and robot policies.")

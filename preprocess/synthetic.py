@@ -50,3 +50,35 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int, crf: int = 18) -
         container.mux(stream.encode(None))
     tmp.replace(path)
     return path
+
+
+def tone(seconds: float, hz: float = 440.0, sample_rate: int = 16_000, amplitude: float = 0.3) -> np.ndarray:
+    """A sine tone: float32 [N] in [-amplitude, amplitude]."""
+    t = np.arange(round(seconds * sample_rate)) / sample_rate
+    return (amplitude * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def write_wav(path: str | Path, wave: np.ndarray, sample_rate: int = 16_000, channels: int = 1) -> Path:
+    """Write a float waveform as 16-bit PCM WAV (the mono signal copied to each channel)."""
+    import wave as wavefile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pcm = (np.clip(wave, -1, 1) * 32767).astype("<i2")
+    pcm = np.repeat(pcm[:, None], channels, axis=1)
+    with wavefile.open(str(path), "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm.tobytes())
+    return path
+
+
+def write_image(path: str | Path, pixels: np.ndarray) -> Path:
+    """Write uint8 [H, W, 3] pixels as PNG (or any format PIL infers from the suffix)."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return path

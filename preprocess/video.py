@@ -1,31 +1,73 @@
-"""Video decoding with frame sampling by qwen-vl-utils' rules.
+"""Video decoding, frame sampling and resizing by qwen-vl-utils' rules.
 
 decord decodes H.264 about twice as fast as PyAV on CPUs, with identical frames; PyAV
 is the fallback where decord is missing or fails on a file. transformers' own
 path-based video loading needs torchcodec, which does not load on CPU-only machines,
-so frames are decoded here and handed to the processors as arrays.
+so frames are decoded here and handed to the processors as arrays, already resized
+(the processors are called with ``do_resize=False``).
+
+The frame count (``smart_nframes``), the evenly spread indices and the per-frame pixel
+budget (``smart_resize`` under min / max / total pixels) follow qwen-vl-utils'
+``fetch_video``; the resize is the same bicubic antialiased torchvision call, rounded
+to uint8 so that frames can be cached exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from qwen_vl_utils.vision_process import smart_nframes
+import torch
+from qwen_vl_utils import vision_process as qvu
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as tvf
 
 from omni_rl.errors import OmniRLError
+
+FRAME_FACTOR = qvu.FRAME_FACTOR  # frames come in pairs: the temporal patch is 2
+
+
+@dataclass(frozen=True)
+class VideoBudget:
+    """Resolved sampling and pixel budget of one family (see ``MediaConfig``)."""
+
+    patch_size: int = 14
+    fps: float | None = 2.0
+    nframes: int | None = None
+    min_frames: int = qvu.FPS_MIN_FRAMES
+    max_frames: int = qvu.FPS_MAX_FRAMES
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    total_pixels: int | None = None
+
+    @property
+    def factor(self) -> int:
+        """Side of one merged vision token in pixels (patch size x spatial merge 2)."""
+        return self.patch_size * qvu.SPATIAL_MERGE_SIZE
+
+    def frame_pixels(self, nframes: int) -> tuple[int, int]:
+        """(min, max) area of each of ``nframes`` frames, as ``fetch_video`` computes it."""
+        f2 = self.factor**2
+        min_pixels = self.min_pixels if self.min_pixels is not None else qvu.VIDEO_MIN_TOKEN_NUM * f2
+        total = self.total_pixels if self.total_pixels is not None else qvu.MODEL_SEQ_LEN * f2 * 0.9
+        cap = max(min(qvu.VIDEO_MAX_TOKEN_NUM * f2, total / nframes * FRAME_FACTOR), int(min_pixels * 1.05))
+        max_pixels = min(self.max_pixels, cap) if self.max_pixels is not None else cap
+        if max_pixels < min_pixels:
+            raise OmniRLError(f"video max pixels per frame ({max_pixels}) is below video_min_pixels ({min_pixels})")
+        return min_pixels, max_pixels
 
 
 @dataclass(frozen=True)
 class VideoClip:
-    """Sampled frames and where they came from.
+    """Sampled, resized frames and where they came from.
 
     Attributes:
-        frames: uint8 [T, H, W, 3] RGB frames at the source resolution.
+        frames: uint8 [T, H, W, 3] RGB frames, resized to the budget.
         fps: the source frame rate.
         total_frames: frames in the source.
         indices: source index of each sampled frame, [T].
+        original_size: (height, width) of the source.
         backend: 'decord' or 'pyav'.
     """
 
@@ -33,7 +75,8 @@ class VideoClip:
     fps: float
     total_frames: int
     indices: list[int]
-    backend: str
+    original_size: tuple[int, int]
+    backend: str = field(default="decord", compare=False)
 
     @property
     def timestamps(self) -> list[float]:
@@ -53,57 +96,85 @@ class VideoClip:
         }
 
 
-def sample_indices(total_frames: int, fps: float, sample_fps: float, max_frames: int | None = None) -> list[int]:
-    """Source frame indices to keep: qwen-vl-utils' frame count (a multiple of the
-    temporal patch, 2) spread evenly over the clip."""
-    spec: dict = {"fps": sample_fps}
-    if max_frames is not None:
-        spec["max_frames"] = max_frames
+def sample_indices(total_frames: int, fps: float, budget: VideoBudget) -> list[int]:
+    """Source frame indices to keep: qwen-vl-utils' frame count spread evenly."""
+    spec: dict = {"min_frames": budget.min_frames, "max_frames": min(budget.max_frames, total_frames)}
+    spec |= {"nframes": budget.nframes} if budget.nframes is not None else {"fps": budget.fps}
     try:
-        n = smart_nframes(spec, total_frames=total_frames, video_fps=fps)
-    except ValueError as err:
-        raise OmniRLError(f"cannot sample {sample_fps} fps from {total_frames} frames: {err}") from None
-    return np.linspace(0, total_frames - 1, n).round().astype(int).tolist()
+        n = qvu.smart_nframes(spec, total_frames=total_frames, video_fps=fps)
+    except (ValueError, ZeroDivisionError) as err:
+        raise OmniRLError(f"cannot sample frames from a {total_frames}-frame video: {err}") from None
+    return torch.linspace(0, total_frames - 1, n).round().long().tolist()
 
 
-def _read_decord(path: Path, sample_fps: float, max_frames: int | None) -> VideoClip:
+def resized_size(height: int, width: int, nframes: int, budget: VideoBudget) -> tuple[int, int]:
+    """(height, width) of each frame after ``smart_resize`` under the budget."""
+    min_pixels, max_pixels = budget.frame_pixels(nframes)
+    try:
+        return qvu.smart_resize(height, width, factor=budget.factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError as err:  # extreme aspect ratios
+        raise OmniRLError(f"cannot resize {width}x{height} frames: {err}") from None
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 [T, H, W, 3] -> uint8 [T, h, w, 3], bicubic with antialiasing, rounded."""
+    video = torch.from_numpy(frames).permute(0, 3, 1, 2)
+    if tuple(video.shape[-2:]) == tuple(size):
+        return np.ascontiguousarray(frames)
+    out = tvf.resize(video, list(size), interpolation=InterpolationMode.BICUBIC, antialias=True)
+    # Resizing uint8 input returns uint8 already rounded and clamped by torchvision.
+    return np.ascontiguousarray(out.permute(0, 2, 3, 1).numpy())
+
+
+def _decode_decord(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, int, list[int]]:
     import decord
 
     reader = decord.VideoReader(str(path), num_threads=1)
     total, fps = len(reader), float(reader.get_avg_fps())
-    indices = sample_indices(total, fps, sample_fps, max_frames)
-    frames = reader.get_batch(indices).asnumpy()
-    return VideoClip(frames, fps, total, indices, "decord")
+    indices = sample_indices(total, fps, budget)
+    return reader.get_batch(indices).asnumpy(), fps, total, indices
 
 
-def _read_pyav(path: Path, sample_fps: float, max_frames: int | None) -> VideoClip:
+def _decode_pyav(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, int, list[int]]:
     import av
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         fps = float(stream.average_rate or stream.guessed_rate)
         decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-    indices = sample_indices(len(decoded), fps, sample_fps, max_frames)
-    return VideoClip(np.stack([decoded[i] for i in indices]), fps, len(decoded), indices, "pyav")
+    if not decoded:
+        raise OmniRLError("no frames decoded")
+    indices = sample_indices(len(decoded), fps, budget)
+    return np.stack([decoded[i] for i in indices]), fps, len(decoded), indices
 
 
-def read_video(path: str | Path, sample_fps: float = 2.0, max_frames: int | None = None) -> VideoClip:
-    """Decode the frames of ``path`` sampled at ``sample_fps`` (decord, PyAV fallback).
+DECODERS = {"decord": _decode_decord, "pyav": _decode_pyav}
+
+
+def read_video(path: str | Path, budget: VideoBudget | None = None, backends=("decord", "pyav")) -> VideoClip:
+    """Decode, sample and resize the frames of ``path`` (decord, PyAV fallback).
 
     Raises:
-        OmniRLError: naming the file, when neither backend can decode it.
+        OmniRLError: naming the file, when no backend can decode it.
     """
+    budget = budget or VideoBudget()
     path = Path(path)
     if not path.is_file():
         raise OmniRLError(f"{path}: no such video file")
     errors = []
-    for reader in (_read_decord, _read_pyav):
+    for name in backends:
         try:
-            return reader(path, sample_fps, max_frames)
+            frames, fps, total, indices = DECODERS[name](path, budget)
         except ImportError as err:
-            errors.append(f"{reader.__name__[6:]}: not installed ({err})")
-        except OmniRLError:
-            raise
+            errors.append(f"{name}: not installed ({err})")
+            continue
         except Exception as err:  # noqa: BLE001 - each backend fails in its own way on bad files
-            errors.append(f"{reader.__name__[6:]}: {err}")
+            errors.append(f"{name}: {err}")
+            continue
+        height, width = frames.shape[1:3]
+        try:
+            size = resized_size(height, width, len(indices), budget)
+        except OmniRLError as err:
+            raise OmniRLError(f"{path}: {err}") from None
+        return VideoClip(resize_frames(frames, size), fps, total, indices, (height, width), name)
     raise OmniRLError(f"{path}: cannot decode video ({'; '.join(errors)})")

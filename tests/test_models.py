@@ -10,37 +10,42 @@ import torch
 
 from omni_rl.models import FAMILIES, build_tiny, family_of, load, placeholder_token_ids
 from omni_rl.models.inputs import IGNORE_INDEX, append_completion, encode_prompts
-from omni_rl.preprocess.synthetic import moving_square, write_video
-from omni_rl.preprocess.video import read_video
+from omni_rl.preprocess.image import ImageBudget, read_image
+from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video
+from omni_rl.preprocess.video import VideoBudget, read_video
 
 ALL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_audio", "qwen2_5_omni_thinker"]
 ENCODER_PREFIXES = ("visual", "audio_tower")
 
 
 @pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    path = write_video(tmp_path_factory.mktemp("media") / "clip.mp4", moving_square("up", 2.0, 15, 128, 96), 15)
-    return read_video(path, sample_fps=2.0)
+def media_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    write_video(root / "clip.mp4", moving_square("up", 2.0, 15, 128, 96), 15)
+    write_image(root / "image.png", np.random.default_rng(0).integers(0, 255, (80, 120, 3), dtype=np.uint8))
+    return root
 
 
-def tone(seconds: float = 1.0, hz: float = 440.0) -> np.ndarray:
-    t = np.arange(int(16_000 * seconds)) / 16_000
-    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+def decoded_clip(media_dir, patch_size: int = 14):
+    budget = VideoBudget(patch_size=patch_size, min_pixels=4 * patch_size**2 * 4, max_pixels=32 * patch_size**2 * 4)
+    return read_video(media_dir / "clip.mp4", budget)
 
 
-def media_prompt(family: str, clip) -> tuple[list[dict], dict]:
-    """A one-prompt conversation with every modality the family takes (Omni: audio and image)."""
-    modalities = FAMILIES.get(family).modalities
+def media_prompt(family: str, media_dir) -> tuple[list[dict], dict]:
+    """A one-prompt conversation with every modality the family takes (Omni: audio and image),
+    media decoded by the pipeline for the family's patch size."""
+    spec = FAMILIES.get(family)
     content, media = [], {}
-    if "image" in modalities:
+    if "image" in spec.modalities:
         content.append({"type": "image"})
-        media["images"] = [np.random.default_rng(0).integers(0, 255, (80, 120, 3), dtype=np.uint8)]
-    if "video" in modalities and family != "qwen2_5_omni_thinker":
+        budget = ImageBudget(patch_size=spec.patch_size, max_pixels=64 * spec.patch_size**2 * 4)
+        media["images"] = [read_image(media_dir / "image.png", budget).pixels]
+    if "video" in spec.modalities and family != "qwen2_5_omni_thinker":
         content.append({"type": "video"})
-        media["videos"] = [clip]
-    if "audio" in modalities:
+        media["videos"] = [decoded_clip(media_dir, spec.patch_size)]
+    if "audio" in spec.modalities:
         content.append({"type": "audio"})
-        media["audios"] = [tone()]
+        media["audios"] = [tone(1.0)]
     content.append({"type": "text", "text": "Describe it."})
     return [{"role": "user", "content": content}], media
 
@@ -50,17 +55,17 @@ def test_every_family_is_registered():
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_tiny_model_forward_backward_generate(family, tiny_checkpoint, clip):
+def test_tiny_model_forward_backward_generate(family, tiny_checkpoint, media_dir):
     path = tiny_checkpoint(family)
     assert family_of(path).name == family
     model, processor = load(path)
     assert type(model).__name__ == FAMILIES.get(family).model_class
     assert sum(p.numel() for p in model.parameters()) <= 2_000_000
 
-    messages, media = media_prompt(family, clip)
+    messages, media = media_prompt(family, media_dir)
     inputs = encode_prompts(processor, [messages], **media)
-    if "video" in media:
-        assert inputs["video_grid_thw"][0, 0].item() == len(clip.indices) // 2
+    if "videos" in media:
+        assert inputs["video_grid_thw"][0, 0].item() == len(media["videos"][0].indices) // 2
     if "audios" in media:
         assert "input_features" in inputs
 
@@ -104,10 +109,10 @@ def test_build_is_seeded_and_deterministic(tmp_path):
     assert weights[0] != weights[2]
 
 
-def test_qwen2_5_vl_uses_mm_token_type_ids_for_3d_positions(tiny_checkpoint, clip):
+def test_qwen2_5_vl_uses_mm_token_type_ids_for_3d_positions(tiny_checkpoint, media_dir):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Where?"}]}]
-    inputs = encode_prompts(processor, [messages], videos=[clip])
+    inputs = encode_prompts(processor, [messages], videos=[decoded_clip(media_dir)])
     video_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert torch.equal(inputs["mm_token_type_ids"].bool(), inputs["input_ids"] == video_id)
     with torch.no_grad():

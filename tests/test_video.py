@@ -5,7 +5,7 @@ from qwen_vl_utils.vision_process import smart_nframes
 from omni_rl.errors import OmniRLError
 from omni_rl.preprocess import video as video_mod
 from omni_rl.preprocess.synthetic import moving_square, write_video
-from omni_rl.preprocess.video import read_video, sample_indices
+from omni_rl.preprocess.video import VideoBudget, read_video, sample_indices
 
 
 def test_moving_square_moves_the_right_way():
@@ -25,7 +25,8 @@ def test_moving_square_moves_the_right_way():
 )
 def test_sample_indices_follow_qwen_vl_utils(total, fps, sample_fps, max_frames):
     spec = {"fps": sample_fps} | ({"max_frames": max_frames} if max_frames else {})
-    indices = sample_indices(total, fps, sample_fps, max_frames)
+    budget = VideoBudget(fps=sample_fps, max_frames=max_frames or 768)
+    indices = sample_indices(total, fps, budget)
     assert len(indices) == smart_nframes(spec, total_frames=total, video_fps=fps)
     assert len(indices) % 2 == 0
     assert indices[0] == 0 and indices[-1] == total - 1
@@ -34,8 +35,8 @@ def test_sample_indices_follow_qwen_vl_utils(total, fps, sample_fps, max_frames)
 
 def test_decord_and_pyav_decode_identical_frames(tmp_path):
     path = write_video(tmp_path / "clip.mp4", moving_square("left", 2.0, 15, 96, 64), 15)
-    a = read_video(path, sample_fps=2.0)
-    b = video_mod._read_pyav(path, 2.0, None)
+    a = read_video(path)
+    b = read_video(path, backends=("pyav",))
     assert a.backend == "decord" and b.backend == "pyav"
     assert a.total_frames == b.total_frames == 30 and a.fps == pytest.approx(15.0)
     assert a.indices == b.indices
@@ -51,7 +52,7 @@ def test_pyav_is_the_fallback_when_decord_fails(tmp_path, monkeypatch):
     def broken(*_):
         raise RuntimeError("decord cannot open this")
 
-    monkeypatch.setattr(video_mod, "_read_decord", broken)
+    monkeypatch.setitem(video_mod.DECODERS, "decord", broken)
     clip = video_mod.read_video(path)
     assert clip.backend == "pyav"
 
@@ -81,4 +82,4 @@ def test_make_synthetic_media_tool_writes_decodable_clips(tmp_path):
     )
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["direction"] for r in rows] == ["left", "right", "up", "down"]
-    assert read_video(rows[0]["path"], sample_fps=2.0).total_frames == 10
+    assert read_video(rows[0]["path"]).total_frames == 10

@@ -34,9 +34,12 @@ def encode_prompts(
         videos: decoded clips, in order; their metadata gives the processor the true
             sampled fps and timestamps.
         audios: mono float32 waveforms at 16 kHz, in order.
+
+    Images and frames arrive resized by ``omni_rl.preprocess`` (qwen-vl-utils' budgets,
+    aligned to the patch grid), so the processor does not resize them again.
     """
     texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
-    kwargs: dict = {}
+    kwargs: dict = {"do_resize": False} if images or videos else {}
     if images:
         kwargs["images"] = list(images)
     if videos:

@@ -22,7 +22,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models import build_tiny, family_of, load, placeholder_token_ids
 from omni_rl.models.inputs import append_completion, encode_prompts
 from omni_rl.preprocess.synthetic import moving_square, write_video
-from omni_rl.preprocess.video import read_video
+from omni_rl.preprocess.video import VideoBudget, read_video
 from omni_rl.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
 
 QUESTION = "Which way does the red square move? Answer with one word: left, right, up or down."
@@ -67,11 +67,13 @@ def main(cfg: DemoConfig) -> dict:
 
     # MODEL: a tiny random-init model written to disk and loaded back, or model.path
     model, processor, model_path = _setup_model(cfg, out)
+    family = family_of(model_path)
 
     # MEDIA: write an H.264 clip with a known answer, decode it like any dataset video
     v = cfg.video
     frames = moving_square(v.direction, v.seconds, v.fps, v.width, v.height)
-    clip = read_video(write_video(out / "clip.mp4", frames, v.fps), sample_fps=v.sample_fps)
+    budget = VideoBudget(patch_size=family.patch_size, fps=v.sample_fps, min_frames=2)
+    clip = read_video(write_video(out / "clip.mp4", frames, v.fps), budget)
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]
     inputs = encode_prompts(processor, [messages], videos=[clip])
     [answer_before] = _generate(model, processor, inputs, cfg.generation)

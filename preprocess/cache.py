@@ -1,0 +1,204 @@
+"""The media cache: decoded tensors in safetensors files, keyed by content and parameters.
+
+Layout of a cache directory::
+
+    manifest.json                 format name and version, every parameter set written
+    entries/ab/abcdef....safetensors
+    failures.jsonl                rows the last preprocess run could not cache
+
+An entry's key hashes the format version, the media kind, the SHA-256 of the source
+file's bytes and every parameter that changes the output (patch size and budgets
+included), so a changed file or parameter is a miss, never old data. Each entry holds
+its tensors (uint8 frames or images, float32 PCM) and JSON metadata, including a digest
+of the tensor bytes that ``verify`` recomputes. Every write goes to a temporary file
+that is renamed into place, the manifest last, so a killed run leaves no half entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from omni_rl.errors import OmniRLError
+
+FORMAT = "omni_rl.media_cache"
+FORMAT_VERSION = 1
+_CHUNK = 1 << 20
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tensors_digest(tensors: dict[str, np.ndarray]) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of ``tensors`` (sorted by name)."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def params_digest(params: dict) -> str:
+    """Short stable digest of a parameter mapping."""
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def entry_key(kind: str, source_digest: str, params: dict) -> str:
+    """The cache key of one decoded medium."""
+    blob = json.dumps(
+        {"format_version": FORMAT_VERSION, "kind": kind, "source": source_digest, "params": params}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A cached medium: its tensors (memory-mapped reads) and metadata."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict
+
+
+class MediaCache:
+    """A cache directory (created on first write)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def path(self, key: str) -> Path:
+        """Where the entry ``key`` lives."""
+        return self.root / "entries" / key[:2] / f"{key}.safetensors"
+
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def manifest(self) -> dict:
+        """The manifest, or an empty one for a new cache; a foreign or newer format is an error."""
+        if not self.manifest_path.is_file():
+            return {"format": FORMAT, "format_version": FORMAT_VERSION, "param_sets": {}}
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except json.JSONDecodeError as err:
+            raise OmniRLError(f"{self.manifest_path}: unreadable manifest ({err})") from None
+        if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+            raise OmniRLError(
+                f"{self.manifest_path}: cache format {manifest.get('format')} v{manifest.get('format_version')} "
+                f"is not {FORMAT} v{FORMAT_VERSION}; use a new cache directory"
+            )
+        return manifest
+
+    def record_params(self, params: dict) -> None:
+        """Add a parameter set to the manifest (written atomically, after the entries)."""
+        manifest = self.manifest()
+        manifest["param_sets"][params_digest(params)] = params
+        manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.root.mkdir(parents=True, exist_ok=True)
+        _atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+    def write(self, key: str, tensors: dict[str, np.ndarray], meta: dict) -> int:
+        """Write one entry atomically; returns its size in bytes."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {**meta, "key": key, "format_version": FORMAT_VERSION, "tensors_sha256": tensors_digest(tensors)}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        save_file(
+            {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in tensors.items()},
+            str(tmp),
+            metadata={"omni_rl": json.dumps(meta, sort_keys=True)},
+        )
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+    def read(self, key: str) -> Entry:
+        """Read an entry; tensors are read from a memory map."""
+        path = self.path(key)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads(f.metadata()["omni_rl"])
+                tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        except FileNotFoundError:
+            raise OmniRLError(f"{path}: no cache entry {key}") from None
+        except Exception as err:  # noqa: BLE001 - a damaged file fails in safetensors' own ways
+            raise OmniRLError(f"{path}: unreadable cache entry ({err})") from None
+        return Entry(tensors, meta)
+
+    def entry_keys(self) -> list[str]:
+        """Every entry key on disk."""
+        return sorted(p.stem for p in (self.root / "entries").glob("*/*.safetensors"))
+
+    def check(self, key: str) -> str | None:
+        """Why the entry ``key`` is corrupt, or None when its tensors match their digest."""
+        try:
+            entry = self.read(key)
+        except OmniRLError as err:
+            return str(err)
+        if entry.meta.get("key") != key:
+            return f"entry claims key {entry.meta.get('key')}"
+        actual = tensors_digest({name: t.numpy() for name, t in entry.tensors.items()})
+        if actual != entry.meta.get("tensors_sha256"):
+            return "tensor bytes do not match their digest"
+        return None
+
+    def remove(self, key: str) -> int:
+        """Delete an entry; returns the bytes freed."""
+        path = self.path(key)
+        size = path.stat().st_size
+        path.unlink()
+        return size
+
+    def stats(self) -> dict:
+        """Entry counts and bytes, overall and by media kind."""
+        kinds: dict[str, dict[str, int]] = {}
+        total = 0
+        for key in self.entry_keys():
+            path = self.path(key)
+            size = path.stat().st_size
+            total += size
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    kind = json.loads(f.metadata()["omni_rl"]).get("kind", "?")
+            except Exception:  # noqa: BLE001 - stats still counts unreadable entries
+                kind = "unreadable"
+            row = kinds.setdefault(kind, {"entries": 0, "bytes": 0})
+            row["entries"] += 1
+            row["bytes"] += size
+        manifest = self.manifest()
+        return {
+            "root": str(self.root),
+            "format_version": manifest["format_version"],
+            "param_sets": len(manifest["param_sets"]),
+            "entries": sum(k["entries"] for k in kinds.values()),
+            "bytes": total,
+            "by_kind": kinds,
+        }

@@ -1,0 +1,65 @@
+"""Image decoding and resizing by qwen-vl-utils' rules (``fetch_image``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+from qwen_vl_utils import vision_process as qvu
+
+from omni_rl.errors import OmniRLError
+
+
+@dataclass(frozen=True)
+class ImageBudget:
+    """Resolved pixel budget for images of one family."""
+
+    patch_size: int = 14
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * qvu.SPATIAL_MERGE_SIZE
+
+    def pixels(self) -> tuple[int, int]:
+        """(min, max) area; unset values are qwen-vl-utils' defaults for the factor."""
+        f2 = self.factor**2
+        return (
+            self.min_pixels if self.min_pixels is not None else qvu.IMAGE_MIN_TOKEN_NUM * f2,
+            self.max_pixels if self.max_pixels is not None else qvu.IMAGE_MAX_TOKEN_NUM * f2,
+        )
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """uint8 [H, W, 3] RGB pixels resized to the budget, and the source size (h, w)."""
+
+    pixels: np.ndarray
+    original_size: tuple[int, int]
+
+
+def read_image(path: str | Path, budget: ImageBudget | None = None) -> DecodedImage:
+    """Open an image, apply its EXIF orientation, convert to RGB (alpha over white, as
+    qwen-vl-utils does) and resize under the budget with PIL's bicubic filter."""
+    budget = budget or ImageBudget()
+    path = Path(path)
+    if not path.is_file():
+        raise OmniRLError(f"{path}: no such image file")
+    try:
+        with Image.open(path) as opened:
+            image = qvu.to_rgb(ImageOps.exif_transpose(opened))
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise OmniRLError(f"{path}: cannot decode image ({err})") from None
+    width, height = image.size
+    min_pixels, max_pixels = budget.pixels()
+    try:
+        new_h, new_w = qvu.smart_resize(
+            height, width, factor=budget.factor, min_pixels=min_pixels, max_pixels=max_pixels
+        )
+    except ValueError as err:
+        raise OmniRLError(f"{path}: cannot resize {width}x{height} image: {err}") from None
+    resized = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
+    return DecodedImage(np.asarray(resized, dtype=np.uint8).copy(), (height, width))

@@ -1,0 +1,260 @@
+"""The offline pipeline: rows -> decoded, sampled, resized media -> cache entries.
+
+``decode_medium`` is the single place that turns a source file into tensors; the cache
+stores its output, and training without a cache calls it directly, so inputs built
+from the cache equal those built from the raw file bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.audio import SAMPLE_RATE, read_audio
+from omni_rl.preprocess.cache import MediaCache, entry_key, file_digest
+from omni_rl.preprocess.image import ImageBudget, read_image
+from omni_rl.preprocess.rows import Row, RowFailure, read_rows, resolve_media_path
+from omni_rl.preprocess.video import VideoBudget, read_video
+
+KINDS = {"images": "image", "videos": "video", "audios": "audio"}
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Everything that changes decoded media, resolved from a ``MediaConfig``."""
+
+    video: VideoBudget
+    image: ImageBudget
+    max_audio_seconds: float = 30.0
+    use_audio_in_video: bool = False
+    media_root: str | None = None
+
+    @classmethod
+    def from_config(cls, media) -> Budgets:
+        """From a ``omni_rl.config.MediaConfig``."""
+        from omni_rl.models.families import FAMILIES
+
+        patch = FAMILIES.get(media.family).patch_size or 14
+        return cls(
+            video=VideoBudget(
+                patch_size=patch,
+                fps=media.fps,
+                nframes=media.nframes,
+                min_frames=media.min_frames,
+                max_frames=media.max_frames,
+                min_pixels=media.video_min_pixels,
+                max_pixels=media.video_max_pixels,
+                total_pixels=media.video_total_pixels,
+            ),
+            image=ImageBudget(patch_size=patch, min_pixels=media.image_min_pixels, max_pixels=media.image_max_pixels),
+            max_audio_seconds=media.max_audio_seconds,
+            use_audio_in_video=media.use_audio_in_video,
+            media_root=media.media_root,
+        )
+
+    def params(self, kind: str) -> dict:
+        """The parameters that change the output of ``kind`` (part of its cache key)."""
+        if kind == "video":
+            return {"video": asdict(self.video)}
+        if kind == "image":
+            return {"image": asdict(self.image)}
+        return {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds}
+
+    def all_params(self) -> dict:
+        return {k: self.params(k) for k in ("video", "image", "audio")}
+
+
+def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np.ndarray], dict]:
+    """Tensors and metadata of one medium. ``kind``: image, video, audio, or
+    video_audio (a video's own audio track)."""
+    if kind == "video":
+        clip = read_video(path, budgets.video)
+        meta = {
+            "fps": clip.fps,
+            "total_frames": clip.total_frames,
+            "indices": clip.indices,
+            "timestamps": clip.timestamps,
+            "duration": clip.total_frames / clip.fps,
+            "original_size": list(clip.original_size),
+            "resized_size": list(clip.frames.shape[1:3]),
+            "decoder": clip.backend,
+        }
+        return {"frames": clip.frames}, meta
+    if kind == "image":
+        image = read_image(path, budgets.image)
+        return {"pixels": image.pixels}, {
+            "original_size": list(image.original_size),
+            "resized_size": list(image.pixels.shape[:2]),
+        }
+    wave = read_audio(path, budgets.max_audio_seconds)
+    return {"audio": wave}, {"sample_rate": SAMPLE_RATE, "seconds": wave.size / SAMPLE_RATE}
+
+
+def row_media(row: Row, data_root: Path, budgets: Budgets) -> list[tuple[str, Path]]:
+    """(kind, resolved path) of every medium of a row, in row order."""
+    media_root = Path(budgets.media_root) if budgets.media_root else None
+    out = []
+    for field, kind in KINDS.items():
+        for path in getattr(row, field):
+            resolved = resolve_media_path(path, data_root, media_root)
+            out.append((kind, resolved))
+            if kind == "video" and budgets.use_audio_in_video:
+                out.append(("video_audio", resolved))
+    return out
+
+
+def medium_key(kind: str, path: Path, budgets: Budgets) -> str:
+    """The cache key of one medium (hashes the file's bytes)."""
+    if not path.is_file():
+        raise OmniRLError(f"{path}: no such file")
+    return entry_key(kind, file_digest(path), budgets.params("audio" if kind == "video_audio" else kind))
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """What caching one row did: ``status`` is cached, already_cached or failed."""
+
+    row_id: str
+    status: str
+    bytes: int = 0
+    failure: RowFailure | None = None
+
+
+def cache_row(row: Row, data_root: Path, cache: MediaCache, budgets: Budgets) -> RowOutcome:
+    """Cache every medium of a row (a row is cached whole or counted as failed)."""
+    written = 0
+    try:
+        media = row_media(row, data_root, budgets)
+        keys = [medium_key(kind, path, budgets) for kind, path in media]
+        for (kind, path), key in zip(media, keys, strict=True):
+            if cache.has(key):
+                continue
+            tensors, meta = decode_medium(kind, path, budgets)
+            written += cache.write(key, tensors, {**meta, "kind": kind, "source": str(path)})
+    except OmniRLError as err:
+        return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, str(err)))
+    except Exception as err:  # noqa: BLE001 - a bad file must never stop the run
+        reason = f"{type(err).__name__}: {err}"
+        return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, reason))
+    return RowOutcome(row.id, "cached" if written else "already_cached", written)
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _cache_row_job(args) -> RowOutcome:
+    return cache_row(*args)
+
+
+@dataclass
+class PreprocessReport:
+    """Counts of a preprocess run."""
+
+    rows: int
+    cached: int
+    already_cached: int
+    failed: int
+    failures_by_reason: dict[str, int]
+    bytes_written: int
+    seconds: float
+
+    def table(self) -> str:
+        lines = [
+            f"{'rows':<16}{self.rows:>10}",
+            f"{'cached':<16}{self.cached:>10}",
+            f"{'already cached':<16}{self.already_cached:>10}",
+            f"{'failed':<16}{self.failed:>10}",
+        ]
+        lines += [f"  {reason[:60]:<58}{n:>6}" for reason, n in sorted(self.failures_by_reason.items())]
+        lines += [f"{'bytes written':<16}{self.bytes_written:>10}", f"{'seconds':<16}{self.seconds:>10.1f}"]
+        return "\n".join(lines)
+
+
+def _reason_class(failure: RowFailure) -> str:
+    """A failure's reason without the file name, for the summary table."""
+    reason = failure.reason
+    if ": " in reason and ("/" in reason.split(": ", 1)[0] or "\\" in reason.split(": ", 1)[0]):
+        reason = reason.split(": ", 1)[1]
+    return reason.split(" (", 1)[0]
+
+
+def preprocess(
+    data: str | Path,
+    cache_dir: str | Path,
+    budgets: Budgets,
+    workers: int | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+) -> PreprocessReport:
+    """Cache every row of ``data``; failures go to ``CACHE/failures.jsonl``.
+
+    Resumable: entries already present are skipped, so a rerun does only what is
+    missing. The manifest is written last.
+    """
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    data = Path(data)
+    cache = MediaCache(cache_dir)
+    cache.manifest()  # refuse a foreign cache before doing any work
+    rows, failures = read_rows(data)
+    if limit is not None:
+        rows = rows[:limit]
+    workers = workers or os.cpu_count() or 1
+    jobs = [(row, data.parent, cache, budgets) for row in rows]
+    outcomes: list[RowOutcome] = []
+    with tqdm(total=len(jobs), desc="preprocess", unit="row", disable=not progress) as bar:
+        if workers == 1:
+            _worker_init(1)
+            results = map(_cache_row_job, jobs)
+            for outcome in results:
+                outcomes.append(outcome)
+                bar.update()
+        else:
+            with ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(1,)) as pool:
+                for outcome in pool.map(_cache_row_job, jobs, chunksize=1):
+                    outcomes.append(outcome)
+                    bar.update()
+    failures += [o.failure for o in outcomes if o.failure is not None]
+    cache.root.mkdir(parents=True, exist_ok=True)
+    tmp = cache.root / ".failures.jsonl.tmp"
+    tmp.write_text("".join(f.to_json() + "\n" for f in failures), encoding="utf-8")
+    tmp.replace(cache.root / "failures.jsonl")
+    cache.record_params(budgets.all_params())
+    counts = Counter(o.status for o in outcomes)
+    return PreprocessReport(
+        rows=len(rows) + len(failures) - counts["failed"],
+        cached=counts["cached"],
+        already_cached=counts["already_cached"],
+        failed=len(failures),
+        failures_by_reason=dict(Counter(_reason_class(f) for f in failures)),
+        bytes_written=sum(o.bytes for o in outcomes),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def referenced_keys(data: str | Path, budgets: Budgets) -> set[str]:
+    """Cache keys of every medium the valid rows of ``data`` reference."""
+    data = Path(data)
+    rows, _ = read_rows(data)
+    keys = set()
+    for row in rows:
+        for kind, path in row_media(row, data.parent, budgets):
+            if path.is_file():
+                keys.add(medium_key(kind, path, budgets))
+    return keys
+
+
+def summary_json(report: PreprocessReport) -> str:
+    return json.dumps(asdict(report), indent=2)

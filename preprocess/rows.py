@@ -1,0 +1,143 @@
+"""Dataset rows from JSONL or Parquet, checked against the row schema of DESIGN.md.
+
+A bad row never stops a read: it becomes a ``RowFailure`` naming the file, the row
+(line number for JSONL, index for Parquet) and the reason, and the rest are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omni_rl.errors import OmniRLError
+
+MEDIA_FIELDS = ("images", "videos", "audios")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One dataset row; ``fields`` holds every key of the source row, unknown ones included."""
+
+    id: str
+    problem: str
+    problem_type: str
+    answer: object
+    images: tuple[str, ...] = ()
+    videos: tuple[str, ...] = ()
+    audios: tuple[str, ...] = ()
+    source: str = ""
+    """``file:line`` (JSONL) or ``file:index`` (Parquet) where the row was read."""
+    fields: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """A row that could not be used: where it is and why."""
+
+    id: str | None
+    path: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
+
+
+def _check_row(raw: object) -> Row | str:
+    """A Row from a decoded record, or the reason it is invalid."""
+    if not isinstance(raw, dict):
+        return f"expected a JSON object, got {type(raw).__name__}"
+    for key in ("id", "problem", "problem_type"):
+        if not isinstance(raw.get(key), str) or not raw.get(key):
+            return f"'{key}' must be a non-empty string"
+    if raw.get("answer") is None:
+        return "'answer' is missing"
+    media = {}
+    for key in MEDIA_FIELDS:
+        value = raw.get(key) or []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            return f"'{key}' must be a list of paths"
+        media[key] = tuple(value)
+    return Row(
+        id=raw["id"],
+        problem=raw["problem"],
+        problem_type=raw["problem_type"],
+        answer=raw["answer"],
+        **media,
+        fields=dict(raw),
+    )
+
+
+def _records(path: Path) -> Iterator[tuple[str, object | str]]:
+    """(where, record or decode-error string) for every row of a file."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise OmniRLError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow raises many error types for bad files
+            raise OmniRLError(f"{path}: unreadable Parquet file ({err})") from None
+        for index, record in enumerate(table.to_pylist()):
+            yield f"{path}:{index}", record
+        return
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                yield where, f"line is not valid UTF-8 ({err.reason} at byte {err.start})"
+            except json.JSONDecodeError as err:
+                yield where, f"invalid JSON ({err.msg} at column {err.colno})"
+
+
+def read_rows(path: str | Path) -> tuple[list[Row], list[RowFailure]]:
+    """Every valid row of a JSONL or Parquet file, and a failure for every other one.
+
+    Duplicate ids: the first row keeps the id, later ones are failures.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise OmniRLError(f"{path}: no such dataset file")
+    rows, failures, seen = [], [], {}
+    for where, record in _records(path):
+        if isinstance(record, str):
+            failures.append(RowFailure(None, where, record))
+            continue
+        row = _check_row(record)
+        row_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
+        if isinstance(row, str):
+            failures.append(RowFailure(row_id, where, row))
+        elif row.id in seen:
+            failures.append(RowFailure(row.id, where, f"duplicate id (first at {seen[row.id]})"))
+        else:
+            seen[row.id] = where
+            rows.append(Row(**{**row.__dict__, "source": where}))
+    return rows, failures
+
+
+def resolve_media_path(path: str, data_root: Path, media_root: Path | None = None) -> Path:
+    """The file a row's media path names.
+
+    Relative paths are relative to the dataset's directory and may not climb out of
+    it; absolute paths are accepted only under ``media_root``.
+    """
+    candidate = Path(path)
+    if candidate.is_absolute():
+        if media_root is None:
+            raise OmniRLError(f"absolute media path {path} needs a configured media_root")
+        base = media_root.resolve()
+    else:
+        base = data_root.resolve()
+        candidate = base / candidate
+    resolved = candidate.resolve()
+    if not resolved.is_relative_to(base):
+        raise OmniRLError(f"media path {path} escapes {base}")
+    return resolved

@@ -1,0 +1,285 @@
+"""The offline media pipeline: qwen-vl-utils' rules, audio, rows, the cache and its CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from qwen_vl_utils import vision_process as qvu
+
+from omni_rl.cli import main
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.audio import read_audio
+from omni_rl.preprocess.cache import MediaCache, entry_key
+from omni_rl.preprocess.image import ImageBudget, read_image
+from omni_rl.preprocess.pipeline import Budgets, decode_medium
+from omni_rl.preprocess.rows import read_rows, resolve_media_path
+from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video, write_wav
+from omni_rl.preprocess.video import VideoBudget, read_video
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "budget"),
+    [
+        (160, 120, {}),
+        (640, 480, {"max_pixels": 128 * 28 * 28}),
+        (100, 300, {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28}),
+        (320, 180, {"total_pixels": 2 * 96 * 28 * 28}),
+        (320, 180, {"patch_size": 16, "min_pixels": 16 * 32 * 32, "max_pixels": 96 * 32 * 32}),
+    ],
+)
+def test_video_frames_equal_qwen_vl_utils(tmp_path, width, height, budget):
+    path = write_video(tmp_path / "v.mp4", moving_square("left", 3.0, 10, width, height), 10)
+    budget = VideoBudget(**budget)
+    clip = read_video(path, budget)
+    ele = {"video": str(path), "fps": 2.0}
+    ele |= {
+        k: v
+        for k, v in (
+            ("min_pixels", budget.min_pixels),
+            ("max_pixels", budget.max_pixels),
+            ("total_pixels", budget.total_pixels),
+        )
+        if v is not None
+    }
+    reference, meta = qvu.fetch_video(ele, image_patch_size=budget.patch_size, return_video_metadata=True)
+    assert clip.indices == meta["frames_indices"]
+    ours = torch.from_numpy(clip.frames).permute(0, 3, 1, 2).float()
+    assert ours.shape == reference.shape
+    assert torch.equal(ours, reference)
+    assert clip.original_size == (height - height % 2, width - width % 2)
+
+
+def test_8k_frames_are_clamped_by_the_budget(tmp_path):
+    frames = np.zeros((4, 4320, 7680, 3), dtype=np.uint8)
+    frames[:, ::2] = 200
+    path = write_video(tmp_path / "8k.mp4", frames, 2)
+    clip = read_video(path, VideoBudget(max_pixels=256 * 28 * 28))
+    h, w = clip.frames.shape[1:3]
+    assert h * w <= 256 * 28 * 28 and h % 28 == 0 and w % 28 == 0
+    assert clip.original_size == (4320, 7680)
+
+
+def test_images_follow_exif_and_the_budget(tmp_path):
+    pixels = np.zeros((60, 200, 3), dtype=np.uint8)
+    pixels[:, :100] = 255
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise on display
+    path = tmp_path / "rotated.jpg"
+    image.save(path, exif=exif)
+    decoded = read_image(path, ImageBudget(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28))
+    h, w = decoded.pixels.shape[:2]
+    assert decoded.original_size == (200, 60)  # portrait once the orientation is applied
+    assert h > w and h % 28 == 0 and w % 28 == 0 and h * w <= 64 * 28 * 28
+    plain_path = write_image(tmp_path / "plain.png", pixels)
+    reference = qvu.fetch_image({"image": str(plain_path), "min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28})
+    plain = read_image(plain_path, ImageBudget(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28))
+    np.testing.assert_array_equal(plain.pixels, np.asarray(reference))
+
+
+def test_rgba_images_are_composited_on_white(tmp_path):
+    rgba = np.zeros((56, 56, 4), dtype=np.uint8)
+    path = tmp_path / "clear.png"
+    Image.fromarray(rgba, "RGBA").save(path)
+    assert read_image(path).pixels.min() == 255
+
+
+@pytest.mark.parametrize(("seconds", "rate", "channels"), [(1.0, 44_100, 2), (0.1, 16_000, 1), (3.0, 8_000, 1)])
+def test_audio_is_mono_16k_float32(tmp_path, seconds, rate, channels):
+    path = write_wav(tmp_path / "t.wav", tone(seconds, sample_rate=rate), sample_rate=rate, channels=channels)
+    wave = read_audio(path)
+    assert wave.dtype == np.float32 and wave.ndim == 1
+    assert abs(wave.size - seconds * 16_000) <= 64
+    # FFmpeg's stereo-to-mono matrix sums the channels at -3 dB each (x sqrt(2) for equal channels)
+    peak = 0.3 * (np.sqrt(2) if channels == 2 else 1)
+    assert peak * 0.9 < np.abs(wave).max() <= peak * 1.03
+
+
+def test_long_audio_is_clamped(tmp_path):
+    path = write_wav(tmp_path / "long.wav", tone(12.0))
+    assert read_audio(path, max_seconds=5.0).size == 5 * 16_000
+
+
+def test_rows_report_bad_lines_and_keep_the_rest(tmp_path):
+    path = tmp_path / "data.jsonl"
+    good = {"id": "a", "problem": "p", "problem_type": "counting", "answer": 3, "extra": {"k": 1}}
+    path.write_bytes(
+        (json.dumps(good) + "\n").encode()
+        + b'{"id": "b\xff", "problem": "p"}\n'
+        + (json.dumps(good) + "\n").encode()
+        + b'{"id": "c", "problem": "p", "problem_type": "x"}\n'
+        + b"[1, 2]\n"
+    )
+    rows, failures = read_rows(path)
+    assert [r.id for r in rows] == ["a"]
+    assert rows[0].fields["extra"] == {"k": 1}
+    reasons = {f.path.rsplit(":", 1)[1]: f.reason for f in failures}
+    assert "not valid UTF-8" in reasons["2"]
+    assert reasons["3"].startswith("duplicate id")
+    assert reasons["4"] == "'answer' is missing"
+    assert reasons["5"].startswith("expected a JSON object")
+
+
+def test_parquet_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{"id": "a", "problem": "p", "problem_type": "ocr", "answer": "x", "videos": []}])
+    pq.write_table(table, tmp_path / "d.parquet")
+    rows, failures = read_rows(tmp_path / "d.parquet")
+    assert [r.id for r in rows] == ["a"] and not failures
+
+
+def test_media_paths_stay_inside_their_roots(tmp_path):
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    assert resolve_media_path("v/a.mp4", data_root) == (data_root / "v/a.mp4").resolve()
+    with pytest.raises(OmniRLError, match="escapes"):
+        resolve_media_path("../secret.mp4", data_root)
+    with pytest.raises(OmniRLError, match="needs a configured media_root"):
+        resolve_media_path("/etc/passwd", data_root)
+    media_root = tmp_path / "media"
+    assert resolve_media_path(str(media_root / "x.mp4"), data_root, media_root) == (media_root / "x.mp4").resolve()
+    with pytest.raises(OmniRLError, match="escapes"):
+        resolve_media_path(str(media_root / ".." / "x.mp4"), data_root, media_root)
+
+
+def test_cache_keys_change_with_content_and_parameters(tmp_path):
+    assert entry_key("video", "abc", {"fps": 2}) != entry_key("video", "abc", {"fps": 1})
+    assert entry_key("video", "abc", {"fps": 2}) != entry_key("video", "abd", {"fps": 2})
+    assert entry_key("video", "abc", {"fps": 2}) != entry_key("image", "abc", {"fps": 2})
+    a = Budgets(VideoBudget(patch_size=14), ImageBudget())
+    b = Budgets(VideoBudget(patch_size=16), ImageBudget())
+    assert a.params("video") != b.params("video")
+
+
+def test_cache_round_trip_and_verify(tmp_path):
+    cache = MediaCache(tmp_path / "cache")
+    frames = np.random.default_rng(0).integers(0, 255, (4, 56, 84, 3), dtype=np.uint8)
+    cache.write("k" * 64, {"frames": frames}, {"kind": "video", "fps": 10.0})
+    entry = cache.read("k" * 64)
+    np.testing.assert_array_equal(entry.tensors["frames"].numpy(), frames)
+    assert entry.meta["fps"] == 10.0 and entry.meta["kind"] == "video"
+    assert cache.check("k" * 64) is None
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+    # flip one byte of tensor data: verify notices
+    path = cache.path("k" * 64)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert cache.check("k" * 64) == "tensor bytes do not match their digest"
+
+
+def test_foreign_manifest_is_refused(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other", "format_version": 9}))
+    with pytest.raises(OmniRLError, match=r"is not omni_rl\.media_cache v1"):
+        MediaCache(tmp_path).manifest()
+
+
+def test_decode_medium_of_a_video_with_its_own_audio_track(tmp_path):
+    import av
+
+    path = tmp_path / "av.mp4"
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("libx264", rate=10)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio = container.add_stream("aac", rate=16_000)
+        audio.layout = "mono"
+        wave = tone(1.0)
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), i * 20, np.uint8), format="rgb24")
+            container.mux(video.encode(frame))
+        frame = av.AudioFrame.from_ndarray(wave[None, :], format="flt", layout="mono")
+        frame.sample_rate = 16_000
+        container.mux(audio.encode(frame))
+        container.mux(video.encode(None))
+        container.mux(audio.encode(None))
+    budgets = Budgets(VideoBudget(), ImageBudget(), use_audio_in_video=True)
+    tensors, meta = decode_medium("video_audio", path, budgets)
+    assert tensors["audio"].dtype == np.float32 and abs(meta["seconds"] - 1.0) < 0.1
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    media = tmp_path / "media"
+    write_video(media / "a.mp4", moving_square("right", 2.0, 10, 96, 64), 10)
+    write_video(media / "b.mp4", moving_square("up", 2.0, 10, 96, 64), 10)
+    write_image(media / "i.png", np.full((40, 60, 3), 128, np.uint8))
+    write_wav(media / "t.wav", tone(1.0))
+    valid = write_video(media / "c.mp4", moving_square("down", 4.0, 10, 96, 64), 10).read_bytes()
+    (media / "truncated.mp4").write_bytes(valid[: len(valid) // 3])
+    (media / "zero.mp4").write_bytes(b"")
+    (media / "text.mp4").write_text("hello")
+    write_video(media / "one.mp4", moving_square("down", 0.1, 10, 96, 64)[:1], 10)
+    rows = [
+        {"id": "two-videos", "videos": ["media/a.mp4", "media/b.mp4"]},
+        {"id": "image-audio", "images": ["media/i.png"], "audios": ["media/t.wav"]},
+        {"id": "missing", "videos": ["media/nope.mp4"]},
+        {"id": "zero", "videos": ["media/zero.mp4"]},
+        {"id": "text", "videos": ["media/text.mp4"]},
+        {"id": "truncated", "videos": ["media/truncated.mp4"]},
+        {"id": "one-frame", "videos": ["media/one.mp4"]},
+        {"id": "escape", "videos": ["../outside.mp4"]},
+        {"id": "two-videos", "videos": ["media/a.mp4"]},
+    ]
+    path = tmp_path / "data.jsonl"
+    with open(path, "wb") as f:
+        for row in rows:
+            f.write((json.dumps({"problem": "p", "problem_type": "counting", "answer": 1, **row}) + "\n").encode())
+        f.write(b'{"id": "bytes\xfe"}\n')
+    return path
+
+
+def test_preprocess_cli_caches_good_rows_and_reports_bad_ones(dataset, tmp_path, capsys):
+    cache_dir = tmp_path / "cache"
+    args = ["preprocess", str(dataset), "--cache", str(cache_dir), "--workers", "1", "--set", "media.min_frames=2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "cached                   2" in out
+    failures = [json.loads(line) for line in (cache_dir / "failures.jsonl").read_text().splitlines()]
+    by_id = {f["id"]: f for f in failures}
+    assert set(by_id) == {"missing", "zero", "text", "truncated", "one-frame", "escape", "two-videos", None}
+    assert "no such file" in by_id["missing"]["reason"]
+    assert "cannot decode video" in by_id["zero"]["reason"] and "cannot decode video" in by_id["text"]["reason"]
+    assert "escapes" in by_id["escape"]["reason"]
+    assert "1-frame video" in by_id["one-frame"]["reason"]
+    assert by_id["two-videos"]["path"].endswith(":9") and "duplicate id" in by_id["two-videos"]["reason"]
+    assert "UTF-8" in by_id[None]["reason"]
+    stats = MediaCache(cache_dir).stats()
+    assert "cannot decode video" in by_id["truncated"]["reason"]  # cut off before its moov atom
+    assert stats["by_kind"]["video"]["entries"] == 2
+    assert stats["by_kind"]["image"]["entries"] == 1 and stats["by_kind"]["audio"]["entries"] == 1
+    assert main(["cache", "verify", str(cache_dir)]) == 0
+
+    # a rerun does only what is missing; --strict turns failures into exit 1
+    assert main([*args, "--strict"]) == 1
+    assert "cached                   0" in capsys.readouterr().out
+
+    # a changed parameter is a miss, never old data
+    assert main([*args[:-1], "media.min_frames=2", "--set", "media.video_max_pixels=3136"]) == 0
+    assert MediaCache(cache_dir).stats()["param_sets"] == 2
+
+
+def test_cache_gc_and_verify_cli(dataset, tmp_path, capsys):
+    cache_dir = tmp_path / "cache"
+    assert main(["preprocess", str(dataset), "--cache", str(cache_dir), "--workers", "2"]) == 0
+    cache = MediaCache(cache_dir)
+    before = len(cache.entry_keys())
+    small = tmp_path / "small.jsonl"
+    small.write_text(
+        json.dumps({"id": "x", "problem": "p", "problem_type": "c", "answer": 1, "images": ["media/i.png"]}) + "\n"
+    )
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small)]) == 0
+    assert len(cache.entry_keys()) == 1 < before
+    key = cache.entry_keys()[0]
+    path = cache.path(key)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["cache", "verify", str(cache_dir)]) == 1
+    assert "corrupt:" in capsys.readouterr().out
