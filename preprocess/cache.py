@@ -76,6 +76,16 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class Entry:
     """A cached medium: its tensors (memory-mapped reads) and metadata."""
@@ -176,6 +186,21 @@ class MediaCache:
         size = path.stat().st_size
         path.unlink()
         return size
+
+    def remove_stale_temps(self) -> int:
+        """Delete temporary files left by writers that were killed; returns how many.
+
+        A temp file names its writer's pid; files of live processes are kept, so a
+        concurrent run is not disturbed.
+        """
+        removed = 0
+        for tmp in self.root.rglob(".*.tmp"):
+            pid = tmp.name.rsplit(".", 2)[-2]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            tmp.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     def stats(self) -> dict:
         """Entry counts and bytes, overall and by media kind."""

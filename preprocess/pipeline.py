@@ -208,6 +208,7 @@ def preprocess(
     data = Path(data)
     cache = MediaCache(cache_dir)
     cache.manifest()  # refuse a foreign cache before doing any work
+    cache.remove_stale_temps()
     rows, failures = read_rows(data)
     if limit is not None:
         rows = rows[:limit]
@@ -228,7 +229,7 @@ def preprocess(
                     bar.update()
     failures += [o.failure for o in outcomes if o.failure is not None]
     cache.root.mkdir(parents=True, exist_ok=True)
-    tmp = cache.root / ".failures.jsonl.tmp"
+    tmp = cache.root / f".failures.jsonl.{os.getpid()}.tmp"
     tmp.write_text("".join(f.to_json() + "\n" for f in failures), encoding="utf-8")
     tmp.replace(cache.root / "failures.jsonl")
     cache.record_params(budgets.all_params())

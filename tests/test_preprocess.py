@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -283,3 +284,44 @@ def test_cache_gc_and_verify_cli(dataset, tmp_path, capsys):
     capsys.readouterr()
     assert main(["cache", "verify", str(cache_dir)]) == 1
     assert "corrupt:" in capsys.readouterr().out
+
+
+def test_video_with_corrupt_bytes_in_the_middle_never_crashes(tmp_path):
+    path = write_video(tmp_path / "v.mp4", moving_square("right", 4.0, 10, 160, 120), 10)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 2000] = bytes(random_bytes(2000))
+    (tmp_path / "corrupt.mp4").write_bytes(bytes(data))
+    rows = tmp_path / "data.jsonl"
+    rows.write_text(
+        json.dumps({"id": "c", "problem": "p", "problem_type": "x", "answer": 1, "videos": ["corrupt.mp4"]}) + "\n"
+    )
+    cache_dir = tmp_path / "cache"
+    assert main(["preprocess", str(rows), "--cache", str(cache_dir), "--workers", "1"]) == 0
+    failures = (cache_dir / "failures.jsonl").read_text().splitlines()
+    cached = MediaCache(cache_dir).entry_keys()
+    # Either the decoder conceals the damage and the clip is cached whole, or the row fails cleanly.
+    assert len(failures) + len(cached) == 1
+    assert main(["cache", "verify", str(cache_dir)]) == 0
+
+
+def random_bytes(n: int) -> bytes:
+    return np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def test_a_two_hour_audio_file_is_read_only_up_to_the_limit(tmp_path):
+    """A sparse 2-hour WAV (16 kHz mono, 16-bit): decoding stops at max_audio_seconds."""
+    import struct
+
+    seconds, rate = 2 * 3600, 16_000
+    data_bytes = seconds * rate * 2
+    path = tmp_path / "long.wav"
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVEfmt ")
+        f.write(struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16))
+        f.write(b"data" + struct.pack("<I", data_bytes))
+        f.truncate(44 + data_bytes)  # sparse: no disk blocks for the silence
+    started = time.perf_counter()
+    wave = read_audio(path, max_seconds=30.0)
+    assert wave.size == 30 * 16_000
+    assert time.perf_counter() - started < 5

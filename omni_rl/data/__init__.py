@@ -1,0 +1,1 @@
+"""Training data: rows and cached media as samples and model inputs."""

@@ -1,0 +1,181 @@
+"""The training-side dataset: rows + media cache -> samples -> model inputs.
+
+Media come from the cache when ``cache_mode`` allows, else they are decoded from the
+raw file by the same ``decode_medium`` the offline pipeline runs, so a sample built
+from the cache equals one built from the raw file, bit for bit.
+
+cache_mode:
+    prefer_cache  read cached entries, decode what is missing
+    cache_only    a missing entry is an error naming the row and the file
+    no_cache      always decode the raw files
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from omni_rl.errors import OmniRLError
+from omni_rl.models.inputs import encode_prompts
+from omni_rl.preprocess.cache import MediaCache
+from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
+from omni_rl.preprocess.rows import Row, RowFailure, read_rows
+from omni_rl.preprocess.video import VideoClip
+
+CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
+CACHE_MODES = ("prefer_cache", "cache_only", "no_cache")
+PLACEHOLDER = re.compile(r"<(image|video|audio)>")
+
+
+@dataclass
+class Sample:
+    """One prompt with its decoded media and ground truth.
+
+    Attributes:
+        messages: chat messages whose content parts are typed text/image/video/audio.
+        images: uint8 [H, W, 3] arrays, in prompt order.
+        videos: decoded clips, in prompt order.
+        audios: mono float32 16 kHz waveforms, in prompt order.
+        video_audios: each video's own audio track (with ``use_audio_in_video``).
+    """
+
+    id: str
+    problem_type: str
+    answer: object
+    messages: list[dict]
+    images: list[np.ndarray] = field(default_factory=list)
+    videos: list[VideoClip] = field(default_factory=list)
+    audios: list[np.ndarray] = field(default_factory=list)
+    video_audios: list[np.ndarray] = field(default_factory=list)
+    options: list[str] | None = None
+    data_source: str | None = None
+    fields: dict = field(default_factory=dict, repr=False)
+
+
+def build_messages(problem: str, kinds: list[str]) -> list[dict]:
+    """A user turn with media parts (in ``kinds`` order) and the problem text.
+
+    Media go first, unless the text holds ``<image>`` / ``<video>`` / ``<audio>``
+    placeholders: then each placeholder is replaced by the next medium of its kind, and
+    media without a placeholder go first.
+    """
+    wanted = PLACEHOLDER.findall(problem)
+    remaining = list(kinds)
+    for kind in wanted:
+        if kind not in remaining:
+            raise OmniRLError(f"the problem has more <{kind}> placeholders than the row has {kind}s")
+        remaining.remove(kind)
+    content: list[dict] = [{"type": kind} for kind in remaining]
+    # split() with a capturing group alternates text pieces and placeholder kinds
+    for i, piece in enumerate(PLACEHOLDER.split(problem)):
+        if i % 2:
+            content.append({"type": piece})
+        elif piece:
+            content.append({"type": "text", "text": piece})
+    return [{"role": "user", "content": content}]
+
+
+def _clip_from_entry(tensors: dict, meta: dict) -> VideoClip:
+    return VideoClip(
+        frames=tensors["frames"].numpy(),
+        fps=meta["fps"],
+        total_frames=meta["total_frames"],
+        indices=list(meta["indices"]),
+        original_size=tuple(meta["original_size"]),
+        backend=meta.get("decoder", "cache"),
+    )
+
+
+class MediaDataset:
+    """Rows of a JSONL/Parquet file with their media, as ``Sample``s.
+
+    Args:
+        data: the dataset file; media paths are relative to its directory.
+        budgets: decoding parameters (must match the cache's to hit it).
+        cache: a preprocessed cache directory, or None.
+        cache_mode: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        data: str | Path,
+        budgets: Budgets,
+        cache: str | Path | None = None,
+        cache_mode: CacheMode = "prefer_cache",
+    ):
+        if cache_mode not in CACHE_MODES:
+            raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
+        if cache_mode == "cache_only" and cache is None:
+            raise OmniRLError("cache_mode 'cache_only' needs a cache directory")
+        self.data = Path(data)
+        self.budgets = budgets
+        self.cache = MediaCache(cache) if cache is not None and cache_mode != "no_cache" else None
+        self.cache_mode = cache_mode
+        self.rows: list[Row]
+        self.failures: list[RowFailure]
+        self.rows, self.failures = read_rows(self.data)
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _medium(self, row: Row, kind: str, path: Path) -> tuple[dict, dict]:
+        if self.cache is not None:
+            key = medium_key(kind, path, self.budgets)
+            if self.cache.has(key):
+                self.cache_hits += 1
+                entry = self.cache.read(key)
+                return entry.tensors, entry.meta
+            if self.cache_mode == "cache_only":
+                raise OmniRLError(f"{row.source}: row '{row.id}': {path} is not in the cache {self.cache.root}")
+            self.cache_misses += 1
+        tensors, meta = decode_medium(kind, path, self.budgets)
+        return {name: _as_tensor(a) for name, a in tensors.items()}, meta
+
+    def __getitem__(self, index: int) -> Sample:
+        row = self.rows[index]
+        sample = Sample(
+            id=row.id,
+            problem_type=row.problem_type,
+            answer=row.answer,
+            messages=[],
+            options=row.fields.get("options"),
+            data_source=row.fields.get("data_source"),
+            fields=row.fields,
+        )
+        kinds = []
+        for kind, path in row_media(row, self.data.parent, self.budgets):
+            tensors, meta = self._medium(row, kind, path)
+            if kind == "video":
+                sample.videos.append(_clip_from_entry(tensors, meta))
+            elif kind == "image":
+                sample.images.append(tensors["pixels"].numpy())
+            elif kind == "audio":
+                sample.audios.append(tensors["audio"].numpy())
+            else:  # video_audio
+                sample.video_audios.append(tensors["audio"].numpy())
+            if kind != "video_audio":
+                kinds.append(kind)
+        try:
+            sample.messages = build_messages(row.problem, kinds)
+        except OmniRLError as err:
+            raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
+        return sample
+
+
+def _as_tensor(array: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def encode_sample(processor, sample: Sample):
+    """Model inputs (a batch of one) for a sample's prompt."""
+    return encode_prompts(
+        processor, [sample.messages], images=sample.images, videos=sample.videos, audios=sample.audios
+    )

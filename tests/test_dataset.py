@@ -1,0 +1,134 @@
+"""The training-side dataset: cache modes, placeholders, and cache == raw bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from omni_rl.data.dataset import MediaDataset, build_messages, encode_sample
+from omni_rl.errors import OmniRLError
+from omni_rl.models import FAMILIES, load
+from omni_rl.preprocess.image import ImageBudget
+from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video, write_wav
+from omni_rl.preprocess.video import VideoBudget
+
+
+def small_budgets(family: str, use_audio_in_video: bool = False) -> Budgets:
+    patch = FAMILIES.get(family).patch_size or 14
+    f2 = (2 * patch) ** 2
+    return Budgets(
+        VideoBudget(patch_size=patch, min_frames=2, min_pixels=4 * f2, max_pixels=16 * f2),
+        ImageBudget(patch_size=patch, min_pixels=4 * f2, max_pixels=32 * f2),
+        max_audio_seconds=2.0,
+        use_audio_in_video=use_audio_in_video,
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    write_video(root / "m" / "a.mp4", moving_square("right", 2.0, 10, 120, 90), 10)
+    write_video(root / "m" / "b.mp4", moving_square("down", 3.0, 10, 90, 120), 10)
+    write_image(root / "m" / "i.png", np.random.default_rng(1).integers(0, 255, (70, 50, 3), dtype=np.uint8))
+    write_wav(root / "m" / "t.wav", tone(1.5, hz=300.0))
+    rows = [
+        {"id": "video", "problem": "Which way?", "videos": ["m/a.mp4"], "options": ["left", "right"]},
+        {"id": "two", "problem": "First <video> then <image>. Same?", "videos": ["m/b.mp4"], "images": ["m/i.png"]},
+        {"id": "audio", "problem": "What pitch?", "audios": ["m/t.wav"], "data_source": "tones"},
+        {"id": "all", "problem": "Describe.", "images": ["m/i.png"], "videos": ["m/a.mp4"], "audios": ["m/t.wav"]},
+    ]
+    path = root / "data.jsonl"
+    path.write_text("".join(json.dumps({"problem_type": "open_ended", "answer": "x", **r}) + "\n" for r in rows))
+    return path
+
+
+def rows_for(family: str) -> list[str]:
+    modalities = set(FAMILIES.get(family).modalities)
+    need = {"video": {"video"}, "two": {"video", "image"}, "audio": {"audio"}, "all": {"image", "video", "audio"}}
+    return [row for row, kinds in need.items() if kinds <= modalities]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_inputs_from_cache_equal_inputs_from_raw_files(family, dataset_file, tiny_checkpoint, tmp_path):
+    budgets = small_budgets(family)
+    cache = tmp_path / "cache"
+    report = preprocess(dataset_file, cache, budgets, workers=1, progress=False)
+    assert report.failed == 0
+    raw = MediaDataset(dataset_file, budgets, cache_mode="no_cache")
+    cached = MediaDataset(dataset_file, budgets, cache=cache, cache_mode="cache_only")
+    _, processor = load(tiny_checkpoint(family))
+    wanted = rows_for(family)
+    assert wanted
+    for index, row in enumerate(raw.rows):
+        if row.id not in wanted:
+            continue
+        a = encode_sample(processor, raw[index])
+        b = encode_sample(processor, cached[index])
+        assert set(a) == set(b)
+        for name in a:
+            if isinstance(a[name], torch.Tensor):
+                assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), (family, row.id, name)
+            else:
+                assert a[name] == b[name]
+    assert cached.cache_hits > 0 and cached.cache_misses == 0
+
+
+def test_cache_modes(dataset_file, tmp_path):
+    budgets = small_budgets("qwen2_5_vl")
+    cache = tmp_path / "cache"
+    preprocess(dataset_file, cache, budgets, workers=1, limit=1, progress=False)
+    prefer = MediaDataset(dataset_file, budgets, cache=cache)
+    prefer[0]
+    assert (prefer.cache_hits, prefer.cache_misses) == (1, 0)
+    prefer[1]  # not preprocessed: decoded from the raw files
+    assert prefer.cache_misses == 2
+    only = MediaDataset(dataset_file, budgets, cache=cache, cache_mode="cache_only")
+    only[0]
+    with pytest.raises(OmniRLError, match=r"row 'two': .*i\.png is not in the cache"):
+        only[1]
+    other = small_budgets("qwen3_vl")  # a different patch size is a different key
+    with pytest.raises(OmniRLError, match="is not in the cache"):
+        MediaDataset(dataset_file, other, cache=cache, cache_mode="cache_only")[0]
+    with pytest.raises(OmniRLError, match="needs a cache directory"):
+        MediaDataset(dataset_file, budgets, cache_mode="cache_only")
+
+
+def test_a_changed_source_file_is_a_miss(dataset_file, tmp_path):
+    import shutil
+
+    data = tmp_path / "copy"
+    shutil.copytree(dataset_file.parent, data)
+    budgets = small_budgets("qwen2_5_vl")
+    preprocess(data / "data.jsonl", tmp_path / "cache", budgets, workers=1, progress=False)
+    write_video(data / "m" / "a.mp4", moving_square("left", 2.0, 10, 120, 90), 10)
+    ds = MediaDataset(data / "data.jsonl", budgets, cache=tmp_path / "cache")
+    clip = ds[0].videos[0]
+    assert ds.cache_misses == 1
+    red_x = np.nonzero(clip.frames[..., 0] > 128)
+    first = red_x[2][red_x[0] == 0].mean()
+    last = red_x[2][red_x[0] == len(clip.frames) - 1].mean()
+    assert last < first  # the new file's content (moving left), not the cached clip
+
+
+def test_samples_carry_row_fields(dataset_file):
+    ds = MediaDataset(dataset_file, small_budgets("qwen2_5_omni_thinker", use_audio_in_video=False))
+    video, two, audio = ds[0], ds[1], ds[2]
+    assert video.options == ["left", "right"] and video.problem_type == "open_ended"
+    assert audio.data_source == "tones" and audio.audios[0].dtype == np.float32
+    assert [p["type"] for p in two.messages[0]["content"]] == ["text", "video", "text", "image", "text"]
+
+
+def test_build_messages_places_media():
+    assert build_messages("Why?", ["image", "video"])[0]["content"] == [
+        {"type": "image"},
+        {"type": "video"},
+        {"type": "text", "text": "Why?"},
+    ]
+    content = build_messages("<video>image<image>", ["image", "video"])[0]["content"]
+    assert content == [{"type": "video"}, {"type": "text", "text": "image"}, {"type": "image"}]
+    with pytest.raises(OmniRLError, match="more <audio> placeholders"):
+        build_messages("<audio>", ["image"])
