@@ -259,6 +259,9 @@ class MediaConfig:
         ):
             value = getattr(self, name)
             require(value is None or value > 0, name, "must be > 0")
+        for kind in ("video", "image"):
+            low, high = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
+            require(low is None or high is None or low <= high, f"{kind}_max_pixels", f"must be >= {kind}_min_pixels")
 
 
 # ------------------------------------------------------------------------- root configs

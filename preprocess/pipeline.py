@@ -84,7 +84,7 @@ def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np
             "timestamps": clip.timestamps,
             "duration": clip.total_frames / clip.fps,
             "original_size": list(clip.original_size),
-            "resized_size": list(clip.frames.shape[1:3]),
+            "resized_size": list(clip.frames.shape[2:4]),
             "decoder": clip.backend,
         }
         return {"frames": clip.frames}, meta

@@ -63,7 +63,8 @@ class VideoClip:
     """Sampled, resized frames and where they came from.
 
     Attributes:
-        frames: uint8 [T, H, W, 3] RGB frames, resized to the budget.
+        frames: uint8 [T, 3, H, W] RGB frames, resized to the budget; channels first, the
+            layout torchvision resizes in and the processors take without a copy.
         fps: the source frame rate.
         total_frames: frames in the source.
         indices: source index of each sampled frame, [T].
@@ -90,8 +91,8 @@ class VideoClip:
             "total_num_frames": self.total_frames,
             "fps": self.fps,
             "frames_indices": list(self.indices),
-            "height": int(self.frames.shape[1]),
-            "width": int(self.frames.shape[2]),
+            "height": int(self.frames.shape[2]),
+            "width": int(self.frames.shape[3]),
             "duration": self.total_frames / self.fps,
         }
 
@@ -117,13 +118,14 @@ def resized_size(height: int, width: int, nframes: int, budget: VideoBudget) -> 
 
 
 def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """uint8 [T, H, W, 3] -> uint8 [T, h, w, 3], bicubic with antialiasing, rounded."""
+    """uint8 [T, H, W, 3] (as decoded) -> uint8 [T, 3, h, w], bicubic with antialiasing.
+
+    Resizing uint8 input returns uint8 already rounded and clamped by torchvision.
+    """
     video = torch.from_numpy(frames).permute(0, 3, 1, 2)
-    if tuple(video.shape[-2:]) == tuple(size):
-        return np.ascontiguousarray(frames)
-    out = tvf.resize(video, list(size), interpolation=InterpolationMode.BICUBIC, antialias=True)
-    # Resizing uint8 input returns uint8 already rounded and clamped by torchvision.
-    return np.ascontiguousarray(out.permute(0, 2, 3, 1).numpy())
+    if tuple(video.shape[-2:]) != tuple(size):
+        video = tvf.resize(video, list(size), interpolation=InterpolationMode.BICUBIC, antialias=True)
+    return np.ascontiguousarray(video.numpy())
 
 
 def _decode_decord(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, int, list[int]]:

@@ -108,7 +108,7 @@ def test_a_changed_source_file_is_a_miss(dataset_file, tmp_path):
     ds = MediaDataset(data / "data.jsonl", budgets, cache=tmp_path / "cache")
     clip = ds[0].videos[0]
     assert ds.cache_misses == 1
-    red_x = np.nonzero(clip.frames[..., 0] > 128)
+    red_x = np.nonzero(clip.frames[:, 0] > 128)
     first = red_x[2][red_x[0] == 0].mean()
     last = red_x[2][red_x[0] == len(clip.frames) - 1].mean()
     assert last < first  # the new file's content (moving left), not the cached clip

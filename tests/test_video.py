@@ -66,20 +66,18 @@ def test_bad_files_raise_an_error_naming_the_file(tmp_path):
         read_video(fake)
 
 
-def test_make_synthetic_media_tool_writes_decodable_clips(tmp_path):
-    import json
+def test_make_synthetic_media_tool_writes_a_dataset(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
 
+    from omni_rl.preprocess.rows import read_rows
+
     tool = Path(__file__).parent.parent / "tools" / "make_synthetic_media.py"
-    result = subprocess.run(
-        [sys.executable, str(tool), "--out", str(tmp_path), "--seconds", "1", "--fps", "10"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["direction"] for r in rows] == ["left", "right", "up", "down"]
-    assert read_video(rows[0]["path"]).total_frames == 10
+    args = ["--out", str(tmp_path), "--videos", "2", "--tones", "1", "--images", "1", "--seconds", "2"]
+    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows, failures = read_rows(result.stdout.strip())
+    assert not failures and len(rows) == 2 * 4 + 1 + 1
+    assert {r.problem_type for r in rows} == {"multiple_choice", "counting", "temporal_grounding"}
+    assert read_video(tmp_path / rows[0].videos[0]).total_frames == 20

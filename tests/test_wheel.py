@@ -1,5 +1,6 @@
 """The wheel installs preprocess/, rewards/ and sim/ as omni_rl subpackages."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,9 +23,34 @@ print("ok")
 
 @pytest.mark.slow
 def test_wheel_installs_the_three_subpackages(tmp_path):
+    # Build from a copy of the tracked files: a build in the checkout would leave a
+    # build/ folder whose stale files a later build could package.
+    source = tmp_path / "source"
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in tracked.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
         check=True,
         capture_output=True,
         timeout=600,

@@ -1,31 +1,35 @@
-"""Write synthetic H.264 clips with known ground truth: a square moving in each direction.
+"""Write a synthetic video-QA dataset with known ground truth.
 
-    python tools/make_synthetic_media.py --out media/ [--seconds 2 --fps 15 --width 160 --height 120]
+    python tools/make_synthetic_media.py --out data/shapes --videos 100 [--tones 20 --images 20 --seed 0]
 
-Prints one JSON line per clip (path and the direction it shows).
+Each video shows 1-3 coloured shapes that enter at known times and move in known
+directions; four rows ask about it (direction, count, colour, entry time). Tones and
+images get one row each. Writes OUT/data.jsonl, OUT/truth.jsonl and OUT/media/.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from omni_rl.preprocess.synthetic import DIRECTIONS, moving_square, write_video
+from omni_rl.preprocess.scenes import write_video_qa
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--fps", type=int, default=15)
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--videos", type=int, default=20)
+    parser.add_argument("--tones", type=int, default=0)
+    parser.add_argument("--images", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--fps", type=int, default=10)
     parser.add_argument("--width", type=int, default=160)
     parser.add_argument("--height", type=int, default=120)
     args = parser.parse_args()
-    for direction in DIRECTIONS:
-        frames = moving_square(direction, args.seconds, args.fps, args.width, args.height)
-        path = write_video(args.out / f"square_{direction}.mp4", frames, args.fps)
-        print(json.dumps({"path": str(path), "direction": direction, "frames": len(frames)}))
+    data = write_video_qa(
+        args.out, args.videos, args.seed, args.seconds, args.fps, args.width, args.height, args.tones, args.images
+    )
+    print(data)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def encode_prompts(
     if images:
         kwargs["images"] = list(images)
     if videos:
-        kwargs["videos"] = [clip.frames for clip in videos]
+        kwargs["videos"] = [torch.from_numpy(clip.frames) for clip in videos]  # [T, 3, H, W], no copy
         kwargs["video_metadata"] = [clip.metadata() for clip in videos]
     if audios:
         kwargs["audio"] = list(audios)

@@ -1,0 +1,61 @@
+"""Synthetic scenes: the ground truth written to the rows is what the frames show."""
+
+import json
+
+import numpy as np
+import pytest
+
+from omni_rl.preprocess.scenes import COLORS, LETTERS, random_scene, render, write_video_qa
+from omni_rl.preprocess.synthetic import DIRECTIONS
+from omni_rl.preprocess.video import read_video
+
+
+def color_mask(frame: np.ndarray, color: str) -> np.ndarray:
+    return np.all(np.abs(frame.astype(int) - COLORS[color]) <= 40, axis=-1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rendered_scenes_match_their_objects(seed):
+    rng = np.random.default_rng(seed)
+    seconds, fps = 4.0, 10
+    objects = random_scene(rng, seconds, 160, 120)
+    frames = render(objects, seconds, fps, 160, 120)
+    assert frames.shape == (40, 120, 160, 3)
+    for obj in objects:
+        visible = [t for t in range(len(frames)) if color_mask(frames[t], obj.color).sum() > 0]
+        # enters at its time, stays in frame until the end
+        assert visible[0] == int(np.ceil(obj.enter * fps - 1e-9)) and visible[-1] == len(frames) - 1
+        first = np.argwhere(color_mask(frames[visible[0]], obj.color)).mean(axis=0)
+        last = np.argwhere(color_mask(frames[-1], obj.color)).mean(axis=0)
+        dx, dy = DIRECTIONS[obj.direction]
+        moved = last - first  # (row, col)
+        assert np.sign(round(moved[1] / 10)) == dx and np.sign(round(moved[0] / 10)) == dy
+    present = [c for c in COLORS if color_mask(frames[-1], c).sum() > 0]
+    assert sorted(present) == sorted(o.color for o in objects)
+
+
+def test_rows_agree_with_the_truth_and_the_decoded_clip(tmp_path):
+    data = write_video_qa(tmp_path, videos=3, seed=3, seconds=3.0)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    truth = {t["video"]: t for t in map(json.loads, (tmp_path / "truth.jsonl").read_text().splitlines())}
+    assert len(rows) == 12
+    for row in rows:
+        scene = truth[row["videos"][0]]
+        objects = scene["objects"]
+        colors = {o["color"] for o in objects}
+        kind = row["id"].rsplit("-", 1)[1]
+        if kind == "count":
+            assert row["answer"] == len(objects)
+        elif kind == "colour":
+            answer = row["options"][LETTERS.index(row["answer"])]
+            assert answer in colors and sum(o in colors for o in row["options"]) == 1
+        elif kind == "direction":
+            color, shape = row["problem"].split()[4:6]
+            [obj] = [o for o in objects if o["color"] == color]
+            assert row["options"][LETTERS.index(row["answer"])] == obj["direction"] and obj["shape"] == shape
+        else:
+            color = row["problem"].split()[3]
+            [obj] = [o for o in objects if o["color"] == color]
+            assert row["answer"] == [obj["enter"], 3.0]
+    clip = read_video(tmp_path / rows[0]["videos"][0])
+    assert clip.total_frames == 30

@@ -1,0 +1,148 @@
+"""Benchmark the media cache against decoding raw files, side by side in one run.
+
+    python tools/bench_cache.py [--videos 48 --seconds 10 --fps 30 --width 640 --height 480]
+
+Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel frame budget:
+  1. preprocessing throughput (videos/s) with 1 and 2 workers, each into a fresh cache;
+  2. reading cached entries into tensors (bytes/s; every byte copied out of the memory
+     map) as a fraction of a plain memory copy of the same bytes (page cache warm);
+  3. the median time to build one sample's media, and its model inputs (media and the
+     tiny Qwen2.5-VL processor), from the raw file vs from the cache; the model-input
+     ratio is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omni_rl.data.dataset import MediaDataset, encode_sample
+from omni_rl.models import build_tiny, load
+from omni_rl.preprocess.cache import MediaCache
+from omni_rl.preprocess.image import ImageBudget
+from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.scenes import random_scene, render
+from omni_rl.preprocess.synthetic import write_video
+from omni_rl.preprocess.video import VideoBudget
+from omni_rl.runtime import set_threads
+
+
+def make_videos(root: Path, n: int, seconds: float, fps: int, width: int, height: int) -> Path:
+    """``n`` scene clips and a dataset row for each (reused when already there)."""
+    import json
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n):
+        name = f"media/clip_{i:03d}.mp4"
+        objects = random_scene(rng, seconds, width, height)
+        if not (root / name).is_file():
+            write_video(root / name, render(objects, seconds, fps, width, height), fps)
+        rows.append(
+            {
+                "id": f"clip{i}",
+                "problem": "How many shapes?",
+                "problem_type": "counting",
+                "answer": len(objects),
+                "videos": [name],
+            }
+        )
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def time_preprocess(data: Path, cache: Path, budgets: Budgets, workers: int) -> float:
+    shutil.rmtree(cache, ignore_errors=True)
+    report = preprocess(data, cache, budgets, workers=workers, progress=False)
+    assert report.failed == 0, report.failures_by_reason
+    return report.cached / report.seconds
+
+
+def read_fraction_of_memcpy(cache_dir: Path, repeats: int = 3) -> tuple[float, float]:
+    """(bytes/s reading every entry into tensors, bytes/s copying the same bytes in memory).
+
+    Both copy into the same pre-faulted buffers; the reads come out of the entries'
+    memory maps (page cache warm), the copies out of tensors already in memory.
+    """
+    cache = MediaCache(cache_dir)
+    keys = cache.entry_keys()
+    sources = [cache.read(k).tensors["frames"].clone() for k in keys]  # also warms the page cache
+    buffers = [torch.zeros_like(t) for t in sources]
+    total = sum(t.numel() * t.element_size() for t in sources)
+    read_times, copy_times = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for key, buffer in zip(keys, buffers, strict=True):
+            buffer.copy_(cache.read(key).tensors["frames"])
+        read_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for buffer, source in zip(buffers, sources, strict=True):
+            buffer.copy_(source)
+        copy_times.append(time.perf_counter() - started)
+    return total / min(read_times), total / min(copy_times)
+
+
+def median_seconds(dataset: MediaDataset, processor, repeats: int) -> tuple[float, float]:
+    """Median seconds per sample for (media only, model inputs = media + processor)."""
+    media, inputs = [], []
+    for _ in range(repeats):
+        for index in range(len(dataset)):
+            started = time.perf_counter()
+            sample = dataset[index]
+            media.append(time.perf_counter() - started)
+            encode_sample(processor, sample)
+            inputs.append(time.perf_counter() - started)
+    return statistics.median(media), statistics.median(inputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_cache"))
+    parser.add_argument("--videos", type=int, default=48)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--fps", type=int, default=30)
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    set_threads(args.threads)
+
+    data = make_videos(args.out / "data", args.videos, args.seconds, args.fps, args.width, args.height)
+    frame_pixels = 128 * 28 * 28
+    budgets = Budgets(
+        video=VideoBudget(patch_size=14, fps=2.0, min_pixels=frame_pixels, max_pixels=frame_pixels),
+        image=ImageBudget(),
+    )
+    cache = args.out / "cache"
+    one = time_preprocess(data, cache, budgets, workers=1)
+    two = time_preprocess(data, cache, budgets, workers=2)
+    read_bps, copy_bps = read_fraction_of_memcpy(cache)
+
+    _, processor = load(build_tiny("qwen2_5_vl", args.out / "tiny_model"))
+    raw_media, raw = median_seconds(MediaDataset(data, budgets, cache_mode="no_cache"), processor, args.repeats)
+    cached_media, cached = median_seconds(MediaDataset(data, budgets, cache, "cache_only"), processor, args.repeats)
+
+    print(f"videos: {args.videos} x {args.seconds:g} s, {args.fps} fps, {args.width}x{args.height}, H.264")
+    print(f"preprocess, 1 worker:      {one:8.2f} videos/s")
+    print(f"preprocess, 2 workers:     {two:8.2f} videos/s")
+    print(f"cache read:                {read_bps / 1e9:8.2f} GB/s")
+    print(f"memory copy:               {copy_bps / 1e9:8.2f} GB/s")
+    print(f"read / memcpy:             {read_bps / copy_bps:8.2f}  (target >= 0.3)")
+    print(f"media from raw file:       {raw_media * 1e3:8.1f} ms (median; decode, sample, resize)")
+    print(f"media from cache:          {cached_media * 1e3:8.1f} ms (median; hash source, map entry)")
+    print(f"media ratio raw/cache:     {raw_media / cached_media:8.1f}")
+    print(f"sample from raw file:      {raw * 1e3:8.1f} ms (median; media + processor)")
+    print(f"sample from cache:         {cached * 1e3:8.1f} ms (median)")
+    print(f"ratio raw/cache: {raw / cached:.2f}  (target >= 10)")
+
+
+if __name__ == "__main__":
+    main()
