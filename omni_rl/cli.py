@@ -196,6 +196,58 @@ def _cache_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "rewards check",
+    "check that every row's problem type is known and its gold answer scorable",
+    arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
+    arg("--config", metavar="FILE", help="a config with a 'rewards' section (for plug-in scorers)"),
+    OVERRIDE,
+)
+def _rewards_check(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from omni_rl.config import load_config
+    from omni_rl.preprocess.rows import read_rows
+    from omni_rl.rewards import check_targets, load_plugins
+
+    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    if hasattr(cfg, "rewards"):
+        load_plugins(cfg.rewards.custom)
+    rows, failures = read_rows(args.data)
+    problems = check_targets(rows)
+    for failure in failures:
+        print(f"unreadable: {failure.path}: {failure.reason}")
+    for problem in problems:
+        print(f"unscorable: {problem.path}: row '{problem.id}': {problem.reason}")
+    counts = Counter(row.problem_type for row in rows)
+    summary = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+    print(f"{len(rows) - len(problems)} of {len(rows) + len(failures)} rows scorable ({summary})")
+    return 1 if problems or failures else 0
+
+
+@command(
+    "rewards score",
+    "score one response (for debugging scorers)",
+    arg("response", metavar="RESPONSE"),
+    arg("--type", required=True, dest="problem_type", help="problem type"),
+    arg("--answer", required=True, help="gold answer (JSON, or plain text)"),
+    arg("--options", nargs="*", default=None, help="multiple-choice options"),
+)
+def _rewards_score(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from omni_rl.rewards import score
+
+    try:
+        answer = json.loads(args.answer)
+    except json.JSONDecodeError:
+        answer = args.answer
+    result = score(args.problem_type, args.response, answer, options=args.options)
+    print(json.dumps(asdict(result), indent=2, ensure_ascii=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered command."""
     parser = argparse.ArgumentParser(prog="omni-rl", description="RL for multimodal models and robot policies.")

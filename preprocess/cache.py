@@ -77,13 +77,18 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, killed but not yet reaped, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,12 @@ TRUE = {"yes", "y", "true", "t", "1", "correct", "right", "yeah", "yep", "affirm
 FALSE = {"no", "n", "false", "f", "0", "incorrect", "wrong", "nope", "negative", "否", "不是", "错"}
 
 
+STRONG = {"yes": True, "true": True, "no": False, "false": False}
+
+
 def parse_bool(text) -> bool | None:
-    """yes/no, true/false, 1/0 and their common forms (leading word of a sentence too)."""
+    """yes/no, true/false, 1/0 and their common forms, alone or leading a sentence
+    ("Yes, it is."); a hedge naming both ("yes and no") is no answer."""
     if isinstance(text, bool):
         return text
     norm = normalize_text(str(text))
@@ -102,6 +106,8 @@ def parse_bool(text) -> bool | None:
         return True
     if norm in FALSE:
         return False
+    if len({STRONG[w] for w in norm.split() if w in STRONG}) > 1:
+        return None
     first = norm.split(" ", 1)[0] if norm else ""
     if first in TRUE - {"1", "t", "y"}:
         return True

@@ -132,3 +132,21 @@ def test_build_messages_places_media():
     assert content == [{"type": "video"}, {"type": "text", "text": "image"}, {"type": "image"}]
     with pytest.raises(OmniRLError, match="more <audio> placeholders"):
         build_messages("<audio>", ["image"])
+
+
+def test_loading_routes_problem_types_and_checks_gold_answers(tmp_path):
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"id": "ok", "problem": "p", "problem_type": "counting", "answer": 2},
+        {"id": "bad-gold", "problem": "p", "problem_type": "multiple_choice", "answer": "Z", "options": ["a", "b"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    budgets = small_budgets("qwen2_5_vl")
+    ds = MediaDataset(path, budgets)
+    assert [r.id for r in ds.rows] == ["ok"]
+    assert [(f.id, f.path) for f in ds.failures] == [("bad-gold", f"{path}:2")]
+    with pytest.raises(OmniRLError, match=r"d\.jsonl:2: row 'bad-gold': multiple_choice answer 'Z'"):
+        MediaDataset(path, budgets, strict=True)
+    path.write_text(json.dumps({"id": "x", "problem": "p", "problem_type": "countin", "answer": 1}) + "\n")
+    with pytest.raises(OmniRLError, match=r"unknown problem type 'countin' \(did you mean 'counting'\?\); known: "):
+        MediaDataset(path, budgets)

@@ -23,6 +23,25 @@ from omni_rl.preprocess.video import VideoBudget
 OMNI_RL = str(Path(sys.executable).parent / "omni-rl")
 
 
+def wait_for_group_to_die(pgid: int, timeout: float = 30) -> None:
+    """SIGKILL is delivered asynchronously: wait until no live process is left in the group."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive = True
+                break
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process group {pgid} still alive after SIGKILL")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sigkill_then_rerun_gives_a_verified_complete_cache(tmp_path, seed):
@@ -50,6 +69,7 @@ def test_sigkill_then_rerun_gives_a_verified_complete_cache(tmp_path, seed):
     assert process.poll() is None, "the run finished before it could be killed; make the dataset larger"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    wait_for_group_to_die(process.pid)
     cache = MediaCache(cache_dir)
     partial = len(cache.entry_keys())
     assert 1 <= partial < 40

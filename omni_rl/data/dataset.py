@@ -25,6 +25,7 @@ from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
 from omni_rl.preprocess.rows import Row, RowFailure, read_rows
 from omni_rl.preprocess.video import VideoClip
+from omni_rl.rewards import check_targets
 
 CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
 CACHE_MODES = ("prefer_cache", "cache_only", "no_cache")
@@ -98,6 +99,12 @@ class MediaDataset:
         budgets: decoding parameters (must match the cache's to hit it).
         cache: a preprocessed cache directory, or None.
         cache_mode: see the module docstring.
+        strict: a row whose gold answer cannot be scored is an error, not a skip.
+
+    Loading routes every row's problem_type through the reward registry: an unknown
+    type fails here, before any training, listing the known types; a gold answer its
+    scorer can never match (an unparsable math answer, a letter beyond the options...)
+    is reported in ``failures`` and the row skipped.
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class MediaDataset:
         budgets: Budgets,
         cache: str | Path | None = None,
         cache_mode: CacheMode = "prefer_cache",
+        strict: bool = False,
     ):
         if cache_mode not in CACHE_MODES:
             raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
@@ -118,6 +126,13 @@ class MediaDataset:
         self.rows: list[Row]
         self.failures: list[RowFailure]
         self.rows, self.failures = read_rows(self.data)
+        unscorable = check_targets(self.rows)
+        if unscorable and strict:
+            first = unscorable[0]
+            raise OmniRLError(f"{first.path}: row '{first.id}': {first.reason}")
+        bad_ids = {p.id for p in unscorable}
+        self.rows = [row for row in self.rows if row.id not in bad_ids]
+        self.failures += [RowFailure(p.id, p.path, p.reason) for p in unscorable]
         self.cache_hits = 0
         self.cache_misses = 0
 

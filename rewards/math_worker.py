@@ -1,0 +1,65 @@
+"""The math-verify worker process: ``python -m omni_rl.rewards.math_worker``.
+
+Reads JSON lines ``{"gold", "prediction"}`` on stdin and answers each with
+``{"gold_ok", "correct"}`` or ``{"error"}`` on stdout. It runs math-verify in its main
+thread, where math-verify's SIGALRM timeouts work; the parent enforces a hard limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+
+LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+PROSE = re.compile(r"[A-Za-z]{3,}")
+INNER_TIMEOUT = 1  # seconds, math-verify's parse and verify limits (whole seconds)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str) -> tuple:
+    """math-verify's reading of ``text``; cached, since a gold answer is checked against
+    a whole group of completions."""
+    from math_verify import parse
+
+    # An extracted answer is usually bare LaTeX ("2\\pi", "x^2+1"): read it in math mode
+    # first, since math-verify's plain-text reading takes "2\\pi" for 2. Prose stays
+    # plain text: in math mode its words become long products of symbols.
+    if "$" not in text and "\\boxed" not in text and not PROSE.search(LATEX_COMMAND.sub("", text)):
+        parsed = parse(f"${text}$", parsing_timeout=INNER_TIMEOUT)
+        if parsed:
+            return tuple(parsed)
+    return tuple(parse(text, parsing_timeout=INNER_TIMEOUT))
+
+
+def _check(gold: str, prediction: str | None) -> tuple[bool, bool]:
+    """(gold parses, prediction equals gold); runs in the worker."""
+    from math_verify import verify
+
+    parsed_gold = _parse(gold)
+    # math-verify falls back to the raw string when it finds no expression
+    if not any(not isinstance(item, str) for item in parsed_gold):
+        return False, False
+    if prediction is None:
+        return True, False
+    parsed = _parse(prediction)
+    return True, bool(parsed) and bool(verify(list(parsed_gold), list(parsed), timeout_seconds=INNER_TIMEOUT))
+
+
+def _serve(stdin, stdout) -> None:
+    """Worker loop over JSON lines: {"gold", "prediction"} in, {"gold_ok", "correct"} or
+    {"error"} out."""
+    for line in stdin:
+        try:
+            job = json.loads(line)
+            gold_ok, correct = _check(job["gold"], job["prediction"])
+            reply = {"gold_ok": gold_ok, "correct": correct}
+        except Exception as err:  # noqa: BLE001 - report, keep serving
+            reply = {"error": f"{type(err).__name__}: {err}"[:300]}
+        stdout.write(json.dumps(reply) + "\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin, sys.stdout)

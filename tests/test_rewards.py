@@ -1,0 +1,282 @@
+"""Rewards: the golden table, routing, plug-ins, load-time checks, math timeouts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.rows import Row
+from omni_rl.rewards import (
+    SCORERS,
+    RewardResult,
+    RewardSettings,
+    Target,
+    aggregate,
+    check_targets,
+    extract_answer,
+    load_plugins,
+    score,
+    score_batch,
+)
+
+CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "reward_cases.jsonl").read_text().splitlines()]
+TYPES = [
+    "multiple_choice",
+    "numerical",
+    "regression",
+    "counting",
+    "math",
+    "ocr",
+    "open_ended",
+    "boolean",
+    "temporal_grounding",
+    "spatial_grounding",
+    "spatio_temporal_grounding",
+    "tracking",
+]
+
+
+def test_golden_table_covers_every_type_with_200_cases():
+    assert len(CASES) >= 200
+    assert {c["type"] for c in CASES} == set(TYPES)
+    assert all(c["why"] for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i + 1}-{c['type']}" for i, c in enumerate(CASES)])
+def test_golden_case(case):
+    result = score(
+        case["type"], case["response"], case["answer"], options=case.get("options"), **case.get("fields", {})
+    )
+    assert result.accuracy == pytest.approx(case["accuracy"], abs=1e-6), (case["why"], result.details)
+    if "format" in case:
+        assert result.format == case["format"], (case["why"], result.details)
+    assert 0.0 <= result.score <= 1.0
+
+
+def test_total_is_the_weighted_sum_and_weights_are_overridable():
+    result = score("counting", "<think>x</think><answer>3</answer>", 3)
+    assert (result.accuracy, result.format, result.score) == (1.0, 1.0, 1.0)
+    wrong = score("counting", "<think>x</think><answer>4</answer>", 3)
+    assert wrong.score == pytest.approx(0.1)  # 0.9 x 0 + 0.1 x 1
+    settings = RewardSettings(weights={"counting": (0.5, 0.5)})
+    assert score("counting", "4", 3, settings=settings).score == pytest.approx(0.5 * 0 + 0.5 * 0.5)
+    answer_only = RewardSettings(template="answer_only")
+    assert score("counting", "<answer>3</answer>", 3, settings=answer_only).format == 1.0
+    assert score("counting", "<think>x</think><answer>3</answer>", 3, settings=answer_only).format == 0.5
+
+
+@pytest.mark.parametrize("problem_type", TYPES)
+def test_an_empty_answer_never_earns_accuracy(problem_type):
+    answers = {
+        "multiple_choice": "A",
+        "numerical": 0,
+        "regression": 0,
+        "counting": 0,
+        "math": "0",
+        "ocr": "x",
+        "open_ended": "x",
+        "boolean": "no",
+        "temporal_grounding": [0, 1],
+        "spatial_grounding": [0, 0, 1, 1],
+        "spatio_temporal_grounding": {"time": [0, 1], "boxes": {"0": [0, 0, 1, 1]}},
+        "tracking": {"0": [0, 0, 1, 1]},
+    }
+    for response in ("<answer></answer>", "<think>x</think><answer> </answer>", "", "<think></think>"):
+        result = score(problem_type, response, answers[problem_type])
+        assert result.accuracy == 0.0, (problem_type, response)
+
+
+@pytest.mark.parametrize("options", [None, ["left", "right", "up", "down"]])
+def test_listing_every_option_never_earns_accuracy(options):
+    for listing in (
+        "A, B, C, D",
+        "A B C D",
+        "A/B/C/D",
+        "ABCD",
+        "(A)(B)(C)(D)",
+        "A or B or C or D",
+        "A. left B. right C. up D. down",
+        "left, right, up, down",
+        "the answer is A, B, C or D",
+    ):
+        for gold in "ABCD":
+            assert score("multiple_choice", f"<answer>{listing}</answer>", gold, options=options).accuracy == 0
+
+
+def test_extraction():
+    assert extract_answer("<answer>a</answer><answer>b</answer>") == ("b", "answer_tag")
+    assert extract_answer(r"so \boxed{\frac{1}{2}}.") == (r"\frac{1}{2}", "boxed")
+    assert extract_answer(r"\boxed{1} then \boxed{{2}}") == ("{2}", "boxed")
+    assert extract_answer("<think>A</think> B") == ("B", "raw")
+    assert extract_answer("<answer>  </answer>") == (None, "answer_tag")
+    assert extract_answer(r"\boxed{unclosed") == (r"\boxed{unclosed", "raw")
+
+
+def test_unknown_type_lists_the_known_ones_and_the_closest():
+    with pytest.raises(OmniRLError) as err:
+        score("temporal_grounding_v2", "x", [0, 1])
+    message = str(err.value)
+    assert "did you mean 'temporal_grounding'" in message
+    for name in TYPES:
+        assert name in message
+
+
+def test_aliases_route_to_the_same_scorer():
+    assert score("mcq", "<answer>B</answer>", "B").accuracy == 1.0
+    assert SCORERS.get("tvg") is SCORERS.get("temporal_grounding")
+
+
+def row(problem_type, answer, options=None, **fields):
+    data = {"id": f"{problem_type}-{answer}", "problem": "q", "problem_type": problem_type, "answer": answer}
+    if options:
+        data["options"] = options
+    data.update(fields)
+    return Row(id=data["id"], problem="q", problem_type=problem_type, answer=answer, source="d.jsonl:1", fields=data)
+
+
+def test_check_targets_finds_unscorable_gold_answers_at_load_time():
+    rows = [
+        row("multiple_choice", "B"),
+        row("multiple_choice", "sideways", options=["left", "right"]),
+        row("math", "\\frac{1}{2}"),
+        row("math", "\\frac{"),
+        row("counting", 2.5),
+        row("temporal_grounding", [5, 1]),
+        row("spatial_grounding", [0, 0, 1, 1], box_space="pixel", prediction_space="norm1000"),
+        row("numerical", "about"),
+    ]
+    problems = {p.id: p.reason for p in check_targets(rows)}
+    assert set(problems) == {
+        "multiple_choice-sideways",
+        "math-\\frac{",
+        "counting-2.5",
+        "temporal_grounding-[5, 1]",
+        "spatial_grounding-[0, 0, 1, 1]",
+        "numerical-about",
+    }
+    assert "cannot be parsed by math-verify" in problems["math-\\frac{"]
+    assert "needs the row field image_size" in problems["spatial_grounding-[0, 0, 1, 1]"]
+    with pytest.raises(OmniRLError, match="unknown problem type 'countng'"):
+        check_targets([row("countng", 1)])
+
+
+def test_math_is_bounded_by_its_timeout():
+    started = time.perf_counter()
+    result = score("math", "<answer>9^9^9^9</answer>", "1")
+    assert time.perf_counter() - started < 10  # includes starting the worker once
+    started = time.perf_counter()
+    again = score("math", "<answer>9^{9^{9^{9}}}</answer>", "2")
+    assert time.perf_counter() - started < 2.5
+    assert result.accuracy == again.accuracy == 0.0
+
+
+def test_math_verify_gets_the_gold_answer_first(monkeypatch):
+    """Run the worker's check in this process and record verify's argument order."""
+    import math_verify
+
+    from omni_rl.rewards import math_worker
+
+    calls = []
+    real = math_verify.verify
+
+    def spy(gold, target, **kwargs):
+        calls.append((gold, target))
+        return real(gold, target, **kwargs)
+
+    monkeypatch.setattr(math_verify, "verify", spy)
+    assert math_worker._check("\\frac{1}{2}", "7") == (True, False)
+    ((gold, target),) = calls
+    assert str(gold[-1]) == "\\frac{1}{2}" and str(target[-1]) == "7"
+
+
+def test_score_batch_matches_single_scores():
+    types = ["math", "counting", "math", "multiple_choice", "ocr"] * 4
+    responses = [
+        "<answer>1/2</answer>",
+        "<answer>3</answer>",
+        "<answer>2</answer>",
+        "<answer>B</answer>",
+        "<answer>hello</answer>",
+    ] * 4
+    answers = ["0.5", 3, "3", "B", "hello"] * 4
+    targets = [Target(a) for a in answers]
+    batch = score_batch(types, responses, targets, workers=2)
+    singles = [score(t, r, a) for t, r, a in zip(types, responses, answers, strict=True)]
+    assert [(r.score, r.accuracy) for r in batch] == [(r.score, r.accuracy) for r in singles]
+    assert [r.accuracy for r in batch[:5]] == [1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_plugins_from_config_and_errors(tmp_path, monkeypatch):
+    module = tmp_path / "my_rewards.py"
+    module.write_text(
+        "from omni_rl.rewards import RewardResult\n"
+        "def length(response, target):\n"
+        "    return RewardResult(1.0 if len(response) <= target.answer else 0.0, 1.0, 0.0, {})\n"
+        "def broken(response, target):\n"
+        "    raise RuntimeError('boom')\n"
+        "def plain(response, target):\n"
+        "    return 7\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    added = load_plugins({"short": "my_rewards:length", "broken": "my_rewards:broken", "plain": "my_rewards:plain"})
+    try:
+        assert sorted(added) == ["broken", "plain", "short"]
+        assert score("short", "abc", 5).score == 1.0
+        crashed = score("broken", "abc", 5)
+        assert crashed.score == 0.0 and "boom" in crashed.details["error"]
+        assert score("plain", "abc", 5).score == 1.0  # clamped into [0, 1]
+        assert load_plugins({"short": "my_rewards:length"}) == []  # same function again: no-op
+        with pytest.raises(OmniRLError, match="clashes with a registered problem type"):
+            load_plugins({"counting": "my_rewards:length"})
+        with pytest.raises(OmniRLError, match="cannot import"):
+            load_plugins({"x": "my_rewards:missing"})
+        with pytest.raises(OmniRLError, match="expected 'module:function'"):
+            load_plugins({"x": "my_rewards"})
+    finally:
+        for name in ("short", "broken", "plain"):
+            SCORERS._items.pop(name, None)
+
+
+def test_aggregate_per_type_and_source():
+    results = [RewardResult(1.0, 1.0, 1.0), RewardResult(0.0, 0.0, 0.5), RewardResult(0.5, 0.5, 1.0)]
+    metrics = aggregate(results, ["counting", "counting", "ocr"], ["a", "b", "a"])
+    assert metrics["reward/mean"] == pytest.approx(0.5)
+    assert metrics["accuracy/counting"] == pytest.approx(0.5) and metrics["count/counting"] == 2
+    assert metrics["reward/ocr"] == pytest.approx(0.5)
+    assert metrics["accuracy/source/a"] == pytest.approx(0.75) and metrics["format/source/b"] == pytest.approx(0.5)
+    assert aggregate([], [], []) == {}
+
+
+def test_rewards_config_maps_to_settings():
+    from omni_rl.config import config_from_dict
+    from omni_rl.errors import ConfigError
+
+    cfg = config_from_dict({"recipe": "preprocess", "rewards": {"weights": {"ocr": [1.0, 0.0]}, "math_timeout": 1.5}})
+    settings = cfg.rewards.settings()
+    assert settings.weights_for("ocr") == (1.0, 0.0) and settings.weights_for("counting") == (0.9, 0.1)
+    assert settings.math_timeout == 1.5
+    assert score("ocr", "hello", "hello", settings=settings).score == 1.0
+    with pytest.raises(ConfigError, match=r"rewards\.template: must be one of"):
+        config_from_dict({"recipe": "preprocess", "rewards": {"template": "xml"}})
+
+
+def test_rewards_cli(tmp_path, capsys):
+    from omni_rl.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        json.dumps({"id": "a", "problem": "p", "problem_type": "counting", "answer": 2})
+        + "\n"
+        + json.dumps({"id": "b", "problem": "p", "problem_type": "math", "answer": "\\frac{"})
+        + "\n"
+    )
+    assert main(["rewards", "check", str(data)]) == 1
+    out = capsys.readouterr().out
+    assert "unscorable:" in out and "row 'b'" in out and "1 of 2 rows scorable" in out
+    assert main(["rewards", "score", "--type", "counting", "--answer", "3", "<answer>3</answer>"]) == 0
+    assert '"accuracy": 1.0' in capsys.readouterr().out
+    assert main(["rewards", "score", "--type", "countng", "--answer", "3", "3"]) == 2
