@@ -1,0 +1,1 @@
+"""Generation engines: hf (CPU and GPU) and, as an optional extra, vllm."""

@@ -1,0 +1,186 @@
+"""Rollouts with transformers: each prompt prefilled once, its cache shared by G samples.
+
+``model.generate(num_return_sequences=G)`` copies every prompt G times before the
+prefill, so the vision/audio encoder and the language model run G times over the same
+prompt. Here the prompt (all but its last token) is prefilled once per prompt, the KV
+cache and multimodal RoPE offsets are repeated G times, and ``generate`` continues
+from the last prompt token for all B*G sequences. The sampling distribution
+(temperature, top-k, top-p, with media placeholder tokens removed) is built by our
+own logits processors, the last of which records the log-probability of each sampled
+token under exactly that distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from omni_rl.models import placeholder_token_ids
+
+# Tensors whose second dimension runs over the prompt's tokens.
+TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled; temperature 0 decodes greedily."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class Rollouts:
+    """G completions per prompt, grouped: rows g*0..G-1 belong to prompt 0, and so on.
+
+    Attributes:
+        completion_ids: [N, L] right-padded with the pad id (N = B*G).
+        completion_mask: [N, L], 1 on generated tokens up to and including the stop token.
+        logprobs: [N, L], log-probability of each token under the sampling distribution.
+        lengths: [N] completion lengths.
+        finish_reasons: 'stop' (end token) or 'length' (hit max_new_tokens), per completion.
+        texts: decoded completions without special tokens.
+    """
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+    finish_reasons: list[str]
+    texts: list[str]
+    group_size: int
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """bool [N]: completions cut off at max_new_tokens."""
+        return torch.tensor([r == "length" for r in self.finish_reasons], device=self.lengths.device)
+
+
+class _RecordLogprobs(LogitsProcessor):
+    """Last processor: keeps log-softmax of the final scores of the previous step and,
+    once the next step shows which token was sampled, stores its log-probability."""
+
+    def __init__(self):
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def collect(self, sampled: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, sampled[:, None]).squeeze(-1))
+            self.pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.collect(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+
+def _repeat_prompt_inputs(inputs: dict, n: int) -> dict:
+    """Token-aligned prompt tensors repeated n times (row i -> rows i*n .. i*n+n-1)."""
+    return {k: inputs[k].repeat_interleave(n, dim=0) for k in TOKEN_ALIGNED if k in inputs}
+
+
+def _repeat_rope_deltas(model: torch.nn.Module, batch: int, n: int) -> None:
+    """Multimodal-RoPE models keep per-prompt position offsets from the prefill; every
+    sample of a prompt continues from its prompt's offset."""
+    for module in model.modules():
+        deltas = getattr(module, "rope_deltas", None)
+        if isinstance(deltas, torch.Tensor) and deltas.shape[0] == batch:
+            module.rope_deltas = deltas.repeat_interleave(n, dim=0)
+
+
+class HFRolloutEngine:
+    """Sampling on the training model itself (CPU or GPU).
+
+    Args:
+        model: a loaded family model (shares its weights with the trainer).
+        processor: its processor (for the pad, stop and placeholder tokens).
+    """
+
+    def __init__(self, model: torch.nn.Module, processor):
+        self.model = model
+        self.processor = processor
+        tokenizer = processor.tokenizer
+        self.pad_id = tokenizer.pad_token_id
+        self.stop_ids = sorted({tokenizer.eos_token_id, *([tokenizer.pad_token_id] if self.pad_id is not None else [])})
+        self.banned = placeholder_token_ids(processor)
+
+    def load_weights(self, model: torch.nn.Module | None = None) -> None:
+        """Nothing to copy: this engine samples with the training model's own weights."""
+
+    def _processors(self, sampling: SamplingParams, recorder: _RecordLogprobs) -> LogitsProcessorList:
+        processors: list[LogitsProcessor] = [SuppressTokensLogitsProcessor(self.banned, device=self.model.device)]
+        if sampling.temperature > 0:
+            if sampling.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                processors.append(TopKLogitsWarper(sampling.top_k))
+            if sampling.top_p < 1.0:
+                processors.append(TopPLogitsWarper(sampling.top_p))
+        processors.append(recorder)
+        return LogitsProcessorList(processors)
+
+    @torch.no_grad()
+    def generate(self, inputs: dict, n: int, sampling: SamplingParams) -> Rollouts:
+        """G = ``n`` completions for each of the B left-padded prompts in ``inputs``.
+
+        Args:
+            inputs: a processor batch (``input_ids`` [B, P] plus its media tensors).
+        """
+        model = self.model
+        inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        batch, prompt_length = inputs["input_ids"].shape
+        was_training = model.training
+        model.eval()
+        try:
+            # PREFILL: every token but the last, media encoders included, once per prompt
+            prefix = {k: (v[:, :-1] if k in TOKEN_ALIGNED else v) for k, v in inputs.items()}
+            cache = model(**prefix, use_cache=True).cache
+            cache.batch_repeat_interleave(n)
+            _repeat_rope_deltas(model, batch, n)
+            # DECODE: all B*G sequences continue from their prompt's last token
+            recorder = _RecordLogprobs()
+            output = model.generate(
+                **_repeat_prompt_inputs(inputs, n),
+                cache=cache,
+                do_sample=sampling.temperature > 0,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=sampling.max_new_tokens,
+                logits_processor=self._processors(sampling, recorder),
+                eos_token_id=self.stop_ids,
+                pad_token_id=self.pad_id,
+            )
+        finally:
+            model.train(was_training)
+        completions = output[:, prompt_length:]
+        if completions.shape[1]:
+            recorder.collect(completions[:, -1])
+        return self._package(completions, recorder.steps, n)
+
+    def _package(self, completions: torch.Tensor, steps: list[torch.Tensor], n: int) -> Rollouts:
+        count, width = completions.shape
+        stops = torch.isin(completions, torch.tensor(self.stop_ids, device=completions.device))
+        no_stop = torch.full((count,), width - 1, device=stops.device)
+        lengths = torch.where(stops.any(1), stops.float().argmax(1), no_stop) + 1
+        positions = torch.arange(width, device=completions.device)[None, :]
+        mask = (positions < lengths[:, None]).long()
+        logprobs = torch.stack(steps, dim=1) if steps else torch.zeros(count, 0, device=completions.device)
+        logprobs = logprobs[:, :width] * mask
+        ids = completions.masked_fill(mask == 0, self.pad_id)
+        reasons = ["stop" if bool(s) else "length" for s in stops.any(1)]
+        texts = self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n)
