@@ -2,59 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from omni_rl.algorithms.losses import token_logprobs
 from omni_rl.models import FAMILIES, load, placeholder_token_ids
-from omni_rl.models.inputs import append_completion, encode_prompts
-from omni_rl.preprocess.image import ImageBudget, read_image
-from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video
-from omni_rl.preprocess.video import VideoBudget, read_video
+from omni_rl.models.inputs import append_completion
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory):
-    """Two prompts per family: different media and questions (so different lengths)."""
-    root = tmp_path_factory.mktemp("rollout")
-    write_video(root / "a.mp4", moving_square("up", 2.0, 10, 96, 64), 10)
-    write_video(root / "b.mp4", moving_square("left", 3.0, 10, 64, 96), 10)
-    write_image(root / "i.png", np.random.default_rng(0).integers(0, 255, (60, 90, 3), dtype=np.uint8))
-
-    def build(family: str, processor):
-        spec = FAMILIES.get(family)
-        patch = spec.patch_size or 14
-        f2 = (2 * patch) ** 2
-        conversations, media = [], {"images": [], "videos": [], "audios": []}
-        for i, question in enumerate(["Which way?", "What moves in this clip, and where does it go?"]):
-            content = []
-            if "video" in spec.modalities and family != "qwen2_5_omni_thinker":
-                content.append({"type": "video"})
-                clip = root / ("a.mp4" if i == 0 else "b.mp4")
-                media["videos"].append(
-                    read_video(clip, VideoBudget(patch_size=patch, min_pixels=4 * f2, max_pixels=8 * f2))
-                )
-            elif "image" in spec.modalities:
-                content.append({"type": "image"})
-                media["images"].append(
-                    read_image(root / "i.png", ImageBudget(patch_size=patch, max_pixels=16 * f2)).pixels
-                )
-            if "audio" in spec.modalities:
-                content.append({"type": "audio"})
-                media["audios"].append(tone(1.0 + i, hz=300.0 * (i + 1)))
-            content.append({"type": "text", "text": question})
-            conversations.append([{"role": "user", "content": content}])
-        return encode_prompts(processor, conversations, **media)
-
-    return build
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_rollouts_equal_plain_generate(family, tiny_checkpoint, prompts):
+def test_greedy_rollouts_equal_plain_generate(family, tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint(family))
-    inputs = prompts(family, processor)
+    inputs = family_prompts(family, processor)
     engine = HFRolloutEngine(model, processor)
     rollouts = engine.generate(inputs, n=3, sampling=SamplingParams(temperature=0.0, max_new_tokens=12))
     with torch.no_grad():
@@ -76,9 +36,9 @@ def test_greedy_rollouts_equal_plain_generate(family, tiny_checkpoint, prompts):
             assert got[:length].tolist() == want[:length].tolist(), (family, prompt, sample)
 
 
-def test_each_prompt_is_encoded_and_prefilled_once(tiny_checkpoint, prompts):
+def test_each_prompt_is_encoded_and_prefilled_once(tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
-    inputs = prompts("qwen2_5_vl", processor)
+    inputs = family_prompts("qwen2_5_vl", processor)
     calls = {"vision": 0, "prompt_tokens": 0}
     visual = model.model.visual
     hooks = [
@@ -104,9 +64,9 @@ def test_each_prompt_is_encoded_and_prefilled_once(tiny_checkpoint, prompts):
     assert calls["prompt_tokens"] == batch * (prompt_length - 1) + batch * n * steps
 
 
-def test_sampled_logprobs_match_a_teacher_forced_forward(tiny_checkpoint, prompts):
+def test_sampled_logprobs_match_a_teacher_forced_forward(tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
-    inputs = prompts("qwen2_5_vl", processor)
+    inputs = family_prompts("qwen2_5_vl", processor)
     engine = HFRolloutEngine(model, processor)
     torch.manual_seed(0)
     sampling = SamplingParams(temperature=0.7, max_new_tokens=8)
@@ -130,12 +90,12 @@ def test_sampled_logprobs_match_a_teacher_forced_forward(tiny_checkpoint, prompt
     torch.testing.assert_close(rollouts.logprobs, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_completions_never_hold_placeholders_and_report_finish_reasons(tiny_checkpoint, prompts):
+def test_completions_never_hold_placeholders_and_report_finish_reasons(tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_omni_thinker"))
     engine = HFRolloutEngine(model, processor)
     torch.manual_seed(1)
     rollouts = engine.generate(
-        prompts("qwen2_5_omni_thinker", processor),
+        family_prompts("qwen2_5_omni_thinker", processor),
         n=4,
         sampling=SamplingParams(temperature=1.5, top_k=50, top_p=0.95, max_new_tokens=10),
     )

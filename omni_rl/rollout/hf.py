@@ -25,9 +25,7 @@ from transformers import (
 )
 
 from omni_rl.models import placeholder_token_ids
-
-# Tensors whose second dimension runs over the prompt's tokens.
-TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+from omni_rl.models.forward import TOKEN_ALIGNED, prefix_inputs, repeat_rope_deltas, reset_rope_deltas
 
 
 @dataclass(frozen=True)
@@ -92,15 +90,6 @@ def _repeat_prompt_inputs(inputs: dict, n: int) -> dict:
     return {k: inputs[k].repeat_interleave(n, dim=0) for k in TOKEN_ALIGNED if k in inputs}
 
 
-def _repeat_rope_deltas(model: torch.nn.Module, batch: int, n: int) -> None:
-    """Multimodal-RoPE models keep per-prompt position offsets from the prefill; every
-    sample of a prompt continues from its prompt's offset."""
-    for module in model.modules():
-        deltas = getattr(module, "rope_deltas", None)
-        if isinstance(deltas, torch.Tensor) and deltas.shape[0] == batch:
-            module.rope_deltas = deltas.repeat_interleave(n, dim=0)
-
-
 class HFRolloutEngine:
     """Sampling on the training model itself (CPU or GPU).
 
@@ -146,10 +135,10 @@ class HFRolloutEngine:
         model.eval()
         try:
             # PREFILL: every token but the last, media encoders included, once per prompt
-            prefix = {k: (v[:, :-1] if k in TOKEN_ALIGNED else v) for k, v in inputs.items()}
-            cache = model(**prefix, use_cache=True).cache
+            reset_rope_deltas(model)
+            cache = model(**prefix_inputs(model, inputs), use_cache=True).cache
             cache.batch_repeat_interleave(n)
-            _repeat_rope_deltas(model, batch, n)
+            repeat_rope_deltas(model, batch, n)
             # DECODE: all B*G sequences continue from their prompt's last token
             recorder = _RecordLogprobs()
             output = model.generate(
