@@ -129,6 +129,36 @@ def _budgets(config: str | None, overrides: list[str]):
     return Budgets.from_config(cfg.media)
 
 
+# recipe name -> "module:function(cfg, resume)"; modules import only when run
+RECIPE_RUNNERS = {"grpo": "omni_rl.recipes.grpo:train"}
+
+
+@command(
+    "train",
+    "run a training recipe from a config (recipe: grpo)",
+    arg("config", metavar="CONFIG"),
+    arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
+    OVERRIDE,
+)
+def _train(args: argparse.Namespace) -> int:
+    import importlib
+    import json
+
+    from omni_rl.config import load_config, recipe_name
+
+    cfg = load_config(args.config, args.overrides)
+    name = recipe_name(cfg)
+    if name not in RECIPE_RUNNERS:
+        raise OmniRLError(
+            f"{args.config}: recipe '{name}' is not trainable with 'omni-rl train'; "
+            f"trainable: {', '.join(RECIPE_RUNNERS)}"
+        )
+    module, _, function = RECIPE_RUNNERS[name].partition(":")
+    final = getattr(importlib.import_module(module), function)(cfg, resume=args.resume)
+    print(json.dumps(final, indent=2))
+    return 0
+
+
 @command(
     "preprocess",
     "decode, sample and resize a dataset's media once, into a cache",

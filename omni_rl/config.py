@@ -82,13 +82,38 @@ class RunConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters (peft); the reference policy is the base with adapters off."""
+
+    rank: int = 16
+    """Adapter rank r."""
+    alpha: int = 32
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear layers that get adapters (in the language model)."""
+
+    def __post_init__(self):
+        require(self.rank >= 1, "rank", "must be >= 1")
+        require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
+
+
+@dataclass
 class ModelConfig:
-    """Which checkpoint to load."""
+    """Which checkpoint to load and which of its parameters train."""
 
     path: str | None = None
     """A local Hugging Face checkpoint directory; unset builds a tiny model."""
     tiny_family: str = "qwen2_5_vl"
     """Family of the tiny model built when ``path`` is unset."""
+    freeze_vision_tower: bool = False
+    """Keep the vision encoder's weights fixed."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (the group forward then
+    recomputes the shared prompt prefix per mini-batch)."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters instead of the full model."""
 
     def __post_init__(self):
         _require_family(self.tiny_family, "tiny_family")
@@ -124,11 +149,20 @@ class TrainerConfig:
     """Print and log metrics every this many steps."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up from 0 over this many steps."""
+    save_every: int = 0
+    """Write a checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
 
     def __post_init__(self):
         require(self.steps >= 1, "steps", "must be >= 1")
         require(self.log_every >= 1, "log_every", "must be >= 1")
         require(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(self.save_every >= 0, "save_every", "must be >= 0")
+        require(self.keep_last >= 1, "keep_last", "must be >= 1")
 
 
 OPTIMIZERS: Registry[type] = Registry("optimizer")
@@ -303,6 +337,113 @@ class RewardsConfig:
         )
 
 
+@dataclass
+class DataConfig:
+    """The training (and evaluation) rows and how they become prompts."""
+
+    train: str = ""
+    """A JSONL or Parquet dataset (media paths relative to its folder)."""
+    eval: str | None = None
+    """A held-out dataset for evaluation."""
+    cache: str | None = None
+    """A cache made by ``omni-rl preprocess`` with the same media settings."""
+    cache_mode: Literal["prefer_cache", "cache_only", "no_cache"] = "prefer_cache"
+    """How the cache is used (see omni_rl.data.dataset)."""
+    prompt_template: str = "{problem}{options}"
+    """The question shown to the model; fields: {problem}, {options} and any row field."""
+    prompts_per_step: int = 4
+    """Prompts sampled per step (each gets rollout.n completions)."""
+    shuffle: bool = True
+    """Visit the rows in a seeded random order, reshuffled every epoch."""
+    strict: bool = False
+    """Rows whose answers cannot be scored are errors instead of skips."""
+
+    def __post_init__(self):
+        require(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
+
+
+@dataclass
+class RolloutConfig:
+    """How completions are sampled during training."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """hf runs everywhere; vllm is an optional extra for GPU machines."""
+    n: int = 8
+    """Completions per prompt (the group size G)."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables."""
+    max_new_tokens: int = 256
+    """Longest completion."""
+    max_prompt_length: int = 16384
+    """Prompts longer than this (media tokens included) are skipped and counted."""
+
+    def __post_init__(self):
+        require(self.n >= 2, "n", "GRPO needs at least 2 completions per prompt")
+        require(self.temperature > 0, "temperature", "must be > 0 for RL")
+        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The GRPO-family update."""
+
+    advantage: str = "grpo"
+    """Advantage estimator: grpo, dr_grpo, rloo or reinforce_pp."""
+    loss: Literal["clipped", "gspo"] = "clipped"
+    """Token-level clipped ratio (PPO/GRPO/DAPO) or sequence-level ratio (GSPO)."""
+    eps_low: float = 0.2
+    """Lower clip range."""
+    eps_high: float = 0.28
+    """Upper clip range (clip-higher)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages; unset disables."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses are averaged."""
+    kl_coef: float = 0.0
+    """Weight of KL(policy || reference); 0 needs no reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    kl_in_reward: bool = False
+    """Subtract the KL from the reward instead of adding it to the loss."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight."""
+    epochs: int = 1
+    """Passes over each rollout batch (PPO epochs)."""
+    mini_batch_prompts: int = 0
+    """Prompts per optimizer step within a batch; 0 uses the whole batch."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal and sample more prompts to refill."""
+    max_resample_rounds: int = 3
+    """Cap on extra sampling rounds per step with dynamic sampling."""
+    overlong: Literal["none", "mask", "penalty"] = "none"
+    """Truncated completions: kept, dropped from the loss, or softly penalized."""
+    overlong_buffer: int = 64
+    """Tokens before max_new_tokens where the soft penalty ramps up."""
+    overlong_factor: float = 1.0
+    """Size of the full overlong penalty."""
+
+    def __post_init__(self):
+        from omni_rl.algorithms.advantages import ADVANTAGES
+
+        require(
+            self.advantage in ADVANTAGES,
+            "advantage",
+            f"unknown estimator '{self.advantage}'{did_you_mean(self.advantage, ADVANTAGES.names())}; "
+            f"known: {', '.join(ADVANTAGES)}",
+        )
+        require(0 <= self.eps_low < 1 and self.eps_high >= 0, "eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
+        require(self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1")
+        require(self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef", "coefficients must be >= 0")
+        require(self.epochs >= 1, "epochs", "must be >= 1")
+        require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
+        require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
+
+
 # ------------------------------------------------------------------------- root configs
 
 RECIPE_CONFIGS: Registry[type] = Registry("recipe")
@@ -317,6 +458,34 @@ class PreprocessConfig:
     """Decoding, sampling and resizing parameters."""
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     """Scoring, for checking that every row's problem type and answer can be scored."""
+
+
+@RECIPE_CONFIGS.register("grpo")
+@dataclass
+class GRPOConfig:
+    """GRPO-family RL of a vision/audio-language model against verifiable rewards."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="grpo", output_dir="runs/grpo"))
+    """Output directory, seed and hardware."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Rows, prompts and batch size."""
+    media: MediaConfig = field(default_factory=MediaConfig)
+    """Decoding budgets (must match the cache's)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, loss and regularizers."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """Scoring."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Steps, clipping, checkpoints."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-6))
+    """The optimizer."""
+
+    def __post_init__(self):
+        require(bool(self.data.train), "data", "data.train must name a dataset file")
 
 
 @RECIPE_CONFIGS.register("demo")

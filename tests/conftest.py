@@ -47,7 +47,7 @@ def family_prompts(tmp_path_factory):
     write_video(root / "b.mp4", moving_square("left", 3.0, 10, 64, 96), 10)
     write_image(root / "i.png", np.random.default_rng(0).integers(0, 255, (60, 90, 3), dtype=np.uint8))
 
-    def build(family: str, processor):
+    def build(family: str, processor, only: int | None = None):
         spec = FAMILIES.get(family)
         patch = spec.patch_size or 14
         f2 = (2 * patch) ** 2
@@ -70,6 +70,9 @@ def family_prompts(tmp_path_factory):
                 media["audios"].append(tone(1.0 + i, hz=300.0 * (i + 1)))
             content.append({"type": "text", "text": question})
             conversations.append([{"role": "user", "content": content}])
+        if only is not None:
+            conversations = conversations[only : only + 1]
+            media = {k: v[only : only + 1] for k, v in media.items()}
         return encode_prompts(processor, conversations, **media)
 
     return build

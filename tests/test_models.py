@@ -176,3 +176,16 @@ def test_load_rejects_non_checkpoints(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(OmniRLError, match="model_type 'llama' is not supported"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_collated_prompts_equal_a_batch_encode(family, tiny_checkpoint, family_prompts):
+    from omni_rl.models.inputs import collate_prompts
+
+    _, processor = load(tiny_checkpoint(family))
+    together = family_prompts(family, processor)
+    singles = [family_prompts(family, processor, only=i) for i in range(2)]
+    collated = collate_prompts(singles, processor.tokenizer.pad_token_id)
+    assert set(collated) == {k for k, v in together.items() if isinstance(v, torch.Tensor)}
+    for key, value in collated.items():
+        assert torch.equal(value, torch.as_tensor(together[key])), key

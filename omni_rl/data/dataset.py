@@ -57,6 +57,23 @@ class Sample:
     fields: dict = field(default_factory=dict, repr=False)
 
 
+DEFAULT_TEMPLATE = "{problem}{options}"
+
+
+def render_prompt(template: str, row: Row) -> str:
+    """The question text: ``template`` filled with the row's fields; ``{options}``
+    becomes a lettered list ("\\nOptions:\\nA. left\\nB. right") or nothing."""
+    options = row.fields.get("options") or []
+    listed = "".join(f"\n{chr(65 + i)}. {option}" for i, option in enumerate(options))
+    values = {**row.fields, "problem": row.problem, "options": f"\nOptions:{listed}" if options else ""}
+    try:
+        return template.format_map(values)
+    except KeyError as err:
+        raise OmniRLError(f"prompt_template field {err} is not in row '{row.id}'") from None
+    except (ValueError, IndexError) as err:
+        raise OmniRLError(f"prompt_template {template!r} is not a valid format string ({err})") from None
+
+
 def build_messages(problem: str, kinds: list[str]) -> list[dict]:
     """A user turn with media parts (in ``kinds`` order) and the problem text.
 
@@ -100,6 +117,7 @@ class MediaDataset:
         cache: a preprocessed cache directory, or None.
         cache_mode: see the module docstring.
         strict: a row whose gold answer cannot be scored is an error, not a skip.
+        prompt_template: how a row becomes the question text (see ``render_prompt``).
 
     Loading routes every row's problem_type through the reward registry: an unknown
     type fails here, before any training, listing the known types; a gold answer its
@@ -114,6 +132,7 @@ class MediaDataset:
         cache: str | Path | None = None,
         cache_mode: CacheMode = "prefer_cache",
         strict: bool = False,
+        prompt_template: str = DEFAULT_TEMPLATE,
     ):
         if cache_mode not in CACHE_MODES:
             raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
@@ -133,6 +152,9 @@ class MediaDataset:
         bad_ids = {p.id for p in unscorable}
         self.rows = [row for row in self.rows if row.id not in bad_ids]
         self.failures += [RowFailure(p.id, p.path, p.reason) for p in unscorable]
+        self.prompt_template = prompt_template
+        for row in self.rows:
+            render_prompt(prompt_template, row)  # a template naming a missing field fails here
         self.cache_hits = 0
         self.cache_misses = 0
 
@@ -177,7 +199,7 @@ class MediaDataset:
             if kind != "video_audio":
                 kinds.append(kind)
         try:
-            sample.messages = build_messages(row.problem, kinds)
+            sample.messages = build_messages(render_prompt(self.prompt_template, row), kinds)
         except OmniRLError as err:
             raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
         return sample

@@ -14,6 +14,7 @@ RoPE offsets of the prefill), so log-probs here match the sampler's.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,7 @@ def group_forward(
     group_size: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> GroupOutput:
     """Per-token log-probs of G completions for each of B prompts.
 
@@ -83,6 +85,8 @@ def group_forward(
         inputs: the B left-padded prompts (``input_ids`` [B, P] and their media tensors).
         completion_ids, completion_mask: [B*G, L], grouped prompt by prompt.
         temperature: logits are divided by it (as in sampling).
+        with_entropy: also return per-token entropies (entropy_grad: differentiable, for
+            an entropy bonus; else a detached metric).
     Returns:
         log-probs [B*G, L] (and entropies) of the completion tokens.
     """
@@ -111,5 +115,8 @@ def group_forward(
     if temperature != 1.0:
         logits = logits / temperature
     logp = token_logprobs(logits, completion_ids)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = entropy_from_logits(logits)
     return GroupOutput(logp, entropy)

@@ -76,3 +76,44 @@ def append_completion(
     labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
     labels[:, inputs["input_ids"].shape[1] :] = completion_ids.masked_fill(mask == 0, IGNORE_INDEX)
     return batch, labels
+
+
+# Per-medium tensors: concatenated over the prompts of a batch, in order.
+MEDIA_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "video_second_per_grid",
+    "input_features",
+    "feature_attention_mask",
+)
+TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+
+
+def collate_prompts(prompts: Sequence[dict], pad_id: int) -> dict:
+    """One batch from prompts encoded one by one: token tensors left-padded to the
+    longest, media tensors concatenated in prompt order.
+
+    Encoding each prompt once and collating any subset of them (a mini-batch, the
+    prompts that survive filtering) gives the same inputs as encoding that subset
+    together, without running the processor again.
+    """
+    width = max(p["input_ids"].shape[1] for p in prompts)
+    batch: dict = {}
+    for key in TOKEN_KEYS:
+        if key not in prompts[0]:
+            continue
+        fill = pad_id if key == "input_ids" else 0
+        rows = []
+        for p in prompts:
+            t = p[key]
+            pad = torch.full((t.shape[0], width - t.shape[1]), fill, dtype=t.dtype, device=t.device)
+            rows.append(torch.cat([pad, t], dim=1))
+        batch[key] = torch.cat(rows, dim=0)
+    for key in MEDIA_KEYS:
+        present = [p[key] for p in prompts if key in p]
+        if present:
+            batch[key] = torch.cat([torch.as_tensor(x) for x in present], dim=0)
+    return batch

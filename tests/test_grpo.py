@@ -1,0 +1,178 @@
+"""The GRPO recipe: small runs that log and checkpoint, the update's direction, resume
+after SIGKILL, and the bad-input paths (NaN losses, over-long prompts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from omni_rl.config import load_config
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.scenes import write_video_qa
+from omni_rl.recipes import grpo
+
+OMNI_RL = str(Path(sys.executable).parent / "omni-rl")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return write_video_qa(tmp_path_factory.mktemp("shapes"), videos=6, seed=0, seconds=2.0)
+
+
+def tiny_config(tmp_path: Path, data: Path, **sections) -> Path:
+    config = {
+        "recipe": "grpo",
+        "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "threads": 2},
+        "model": {"tiny_family": "qwen2_5_vl"},
+        "data": {"train": str(data), "prompts_per_step": 2},
+        "media": {
+            "family": "qwen2_5_vl",
+            "min_frames": 2,
+            "max_frames": 8,
+            "video_min_pixels": 3136,
+            "video_max_pixels": 12544,
+        },
+        "rollout": {"n": 4, "max_new_tokens": 12},
+        "algorithm": {"epochs": 2, "mini_batch_prompts": 1},
+        "trainer": {"steps": 3, "save_every": 1},
+        "optimizer": {"type": "adamw", "lr": 1.0e-4},
+    }
+    for name, values in sections.items():
+        config[name] = {**config.get(name, {}), **values}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_grpo_runs_logs_and_checkpoints(tmp_path, shapes):
+    cfg = load_config(tiny_config(tmp_path, shapes, algorithm={"kl_coef": 0.05, "epochs": 2, "mini_batch_prompts": 1}))
+    final = grpo.train(cfg)
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and final == rows[-1]
+    for key in (
+        "reward/mean",
+        "accuracy/mean",
+        "format/mean",
+        "loss/policy",
+        "loss/kl",
+        "loss/clip_fraction",
+        "actor/entropy",
+        "optim/grad_norm",
+        "optim/lr",
+        "time/rollout",
+        "time/reward",
+        "time/update",
+        "response/length_mean",
+        "response/clipped_fraction",
+        "skipped/groups_filtered",
+    ):
+        assert key in rows[-1], key
+    assert any(k.startswith("accuracy/source/") for k in rows[-1])
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
+    checkpoint = run / "checkpoints" / "step-00000003"
+    assert (checkpoint / "model" / "config.json").is_file() and (checkpoint / "state.json").is_file()
+    assert list((run / "tensorboard").glob("events.*"))
+    assert load_config(run / "config.yaml") == cfg
+
+
+def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_checkpoint, family_prompts):
+    from omni_rl.models import load
+    from omni_rl.models.forward import group_forward
+    from omni_rl.models.inputs import collate_prompts
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    encoded = [dict(family_prompts("qwen2_5_vl", processor, only=i)) for i in range(2)]
+    inputs = collate_prompts(encoded, processor.tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    rollouts = HFRolloutEngine(model, processor).generate(inputs, 4, SamplingParams(max_new_tokens=6))
+    advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
+    cfg = load_config(
+        None, ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"], recipe="grpo"
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    mask = rollouts.completion_mask
+    with torch.no_grad():
+        before = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
+    model.train()
+    batch = grpo.Batch(samples=[None, None], encoded=encoded)
+    stats = grpo._update(
+        model,
+        None,
+        optimizer,
+        scheduler,
+        batch,
+        rollouts,
+        mask,
+        advantages,
+        torch.tensor([True, True]),
+        processor.tokenizer.pad_token_id,
+        cfg,
+    )
+    with torch.no_grad():
+        after = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
+    change = after - before
+    assert stats["optim/grad_norm"] > 0
+    assert (change[advantages > 0].mean() > 0) and (change[advantages < 0].mean() < 0)
+
+
+def test_nan_losses_skip_steps_and_three_in_a_row_stop_the_run(tmp_path, shapes, monkeypatch):
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    real = grpo.clipped_policy_loss
+    monkeypatch.setattr(grpo, "clipped_policy_loss", nan_loss)
+    cfg = load_config(tiny_config(tmp_path, shapes, trainer={"steps": 5, "save_every": 0}))
+    with pytest.raises(OmniRLError, match="step 3: the loss was NaN or infinite 3 steps in a row"):
+        grpo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_nan"] for r in rows] == [4, 4]  # 2 epochs x 2 mini-batches skipped per logged step
+
+
+def test_prompts_longer_than_the_limit_are_skipped_and_counted(tmp_path, shapes):
+    cfg = load_config(tiny_config(tmp_path, shapes, rollout={"max_prompt_length": 1}, trainer={"steps": 1}))
+    with pytest.raises(OmniRLError, match=r"nearly every prompt exceeds rollout\.max_prompt_length=1"):
+        grpo.train(cfg)
+
+
+def metrics_without_timing(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, shapes):
+    steps = 5
+    straight = tiny_config(tmp_path / "a", shapes, trainer={"steps": steps, "save_every": 1})
+    subprocess.run([OMNI_RL, "train", str(straight)], check=True, capture_output=True, timeout=600)
+
+    resumed = tiny_config(tmp_path / "b", shapes, trainer={"steps": steps, "save_every": 1})
+    metrics = tmp_path / "b" / "run" / "metrics.jsonl"
+    process = subprocess.Popen(
+        [OMNI_RL, "train", str(resumed)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done = len(metrics.read_text().splitlines())
+    assert 2 <= done < steps
+    subprocess.run([OMNI_RL, "train", str(resumed), "--resume", "auto"], check=True, capture_output=True, timeout=600)
+    assert metrics_without_timing(metrics) == metrics_without_timing(tmp_path / "a" / "run" / "metrics.jsonl")
