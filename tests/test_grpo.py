@@ -109,17 +109,7 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
     model.train()
     batch = grpo.Batch(samples=[None, None], encoded=encoded)
     stats = grpo._update(
-        model,
-        None,
-        optimizer,
-        scheduler,
-        batch,
-        rollouts,
-        mask,
-        advantages,
-        torch.tensor([True, True]),
-        processor.tokenizer.pad_token_id,
-        cfg,
+        model, None, optimizer, scheduler, batch, rollouts, mask, advantages, processor.tokenizer.pad_token_id, cfg
     )
     with torch.no_grad():
         after = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
@@ -176,3 +166,35 @@ def test_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, shapes):
     assert 2 <= done < steps
     subprocess.run([OMNI_RL, "train", str(resumed), "--resume", "auto"], check=True, capture_output=True, timeout=600)
     assert metrics_without_timing(metrics) == metrics_without_timing(tmp_path / "a" / "run" / "metrics.jsonl")
+
+
+def test_dynamic_sampling_refills_the_batch_with_informative_groups(tmp_path, shapes, monkeypatch):
+    from omni_rl.rewards import RewardResult
+
+    calls = []
+
+    def fake_score(samples, texts, n, cfg):
+        # first round: prompt 0 informative (rewards differ), prompt 1 all equal;
+        # later rounds: every group informative
+        calls.append(len(samples))
+        results = []
+        for p in range(len(samples)):
+            flat = len(calls) == 1 and p == 1
+            results += [RewardResult(0.0 if flat else float(g % 2), 0.0, 0.0) for g in range(n)]
+        return results
+
+    monkeypatch.setattr(grpo, "_score", fake_score)
+    cfg = load_config(
+        tiny_config(
+            tmp_path,
+            shapes,
+            algorithm={"dynamic_sampling": True, "max_resample_rounds": 2},
+            trainer={"steps": 1, "save_every": 0},
+        )
+    )
+    final = grpo.train(cfg)
+    assert calls == [2, 1]  # one prompt dropped, one more drawn
+    assert final["skipped/groups_filtered"] == 1 and final["skipped/sampling_rounds"] == 2
+    assert (
+        final["count/multiple_choice"] + final.get("count/counting", 0) + final.get("count/temporal_grounding", 0) == 8
+    )  # 2 prompts x 4 completions trained on

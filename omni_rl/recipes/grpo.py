@@ -30,7 +30,7 @@ from omni_rl.models.inputs import collate_prompts
 from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
-from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams, concat_rollouts, select_groups
 from omni_rl.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
 
 MAX_BAD_STEPS = 3
@@ -116,12 +116,46 @@ def _draw(dataset, sampler, count, processor, max_prompt_length, skipped) -> Bat
     return Batch(samples, encoded)
 
 
-def _rewards(batch: Batch, texts: list[str], n: int, cfg: GRPOConfig):
-    types = [s.problem_type for s in batch.samples for _ in range(n)]
-    targets = [Target(s.answer, s.options, s.fields) for s in batch.samples for _ in range(n)]
-    results = score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
-    sources = [s.data_source for s in batch.samples for _ in range(n)]
-    return results, types, sources
+def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
+    types = [s.problem_type for s in samples for _ in range(n)]
+    targets = [Target(s.answer, s.options, s.fields) for s in samples for _ in range(n)]
+    return score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
+
+
+def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
+    """Sample, roll out and score until the step has ``prompts_per_step`` prompts (with
+    dynamic sampling: prompts whose G rewards differ, within ``max_resample_rounds``
+    extra rounds). Returns (batch, rollouts, results, rewards [B*G])."""
+    algo, n, want = cfg.algorithm, cfg.rollout.n, cfg.data.prompts_per_step
+    pad = processor.tokenizer.pad_token_id
+    samples, encoded, parts, results, rewards = [], [], [], [], []
+    rounds = 0
+    while rounds == 0 or (algo.dynamic_sampling and rounds <= algo.max_resample_rounds and len(samples) < want):
+        rounds += 1
+        with timer("rollout"):
+            drawn = _draw(dataset, sampler, want - len(samples), processor, cfg.rollout.max_prompt_length, skipped)
+            rollouts = engine.generate(collate_prompts(drawn.encoded, pad), n, sampling)
+        with timer("reward"):
+            scored = _score(drawn.samples, rollouts.texts, n, cfg)
+            reward = torch.tensor([r.score for r in scored])
+            if algo.overlong == "penalty":
+                buffer = min(algo.overlong_buffer, cfg.rollout.max_new_tokens)
+                reward = reward + overlong_penalty(
+                    rollouts.lengths.cpu(), cfg.rollout.max_new_tokens, buffer, algo.overlong_factor
+                )
+        keep = list(range(len(drawn.samples)))
+        if algo.dynamic_sampling:
+            informative = informative_groups(reward, n)
+            keep = [i for i in keep if informative[i]]
+            skipped["groups_filtered"] += len(drawn.samples) - len(keep)
+        rows = [i * n + g for i in keep for g in range(n)]
+        samples += [drawn.samples[i] for i in keep]
+        encoded += [drawn.encoded[i] for i in keep]
+        parts.append(select_groups(rollouts, keep))
+        results += [scored[r] for r in rows]
+        rewards.append(reward[rows])
+    skipped["sampling_rounds"] = rounds
+    return Batch(samples, encoded), concat_rollouts(parts, pad), results, torch.cat(rewards)
 
 
 def _policy_loss(out, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
@@ -180,6 +214,8 @@ def _to(inputs: dict, device) -> dict:
 
 
 def _rollout_metrics(rollouts, cfg: GRPOConfig) -> dict:
+    if not len(rollouts.lengths):
+        return {}
     lengths = rollouts.lengths.float()
     return {
         "response/length_mean": lengths.mean().item(),
@@ -275,42 +311,24 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     bar = tqdm(range(start_step, cfg.trainer.steps), initial=start_step, total=cfg.trainer.steps, desc="grpo")
     for step in bar:
         timer = _Timer()
-        skipped = {"prompt_too_long": 0, "groups_filtered": 0}
-        # ROLLOUT: G completions per prompt; each prompt (and its media) prefilled once
-        with timer("rollout"):
-            batch = _draw(
-                dataset, sampler, cfg.data.prompts_per_step, processor, cfg.rollout.max_prompt_length, skipped
-            )
-            inputs = collate_prompts(batch.encoded, pad)
-            rollouts = engine.generate(inputs, n, sampling)
-        # REWARD: router by problem_type; a scorer error is a 0 with its message, never a crash
-        with timer("reward"):
-            results, types, sources = _rewards(batch, rollouts.texts, n, cfg)
-            rewards = torch.tensor([r.score for r in results])
-            if algo.overlong == "penalty":
-                rewards = rewards + overlong_penalty(
-                    rollouts.lengths.cpu(),
-                    cfg.rollout.max_new_tokens,
-                    min(algo.overlong_buffer, cfg.rollout.max_new_tokens),
-                    algo.overlong_factor,
-                )
+        skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}
+        # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
+        # problem_type; dynamic sampling drops groups that cannot teach and samples more
+        batch, rollouts, results, rewards = _collect(dataset, sampler, engine, processor, sampling, cfg, skipped, timer)
+        types = [s.problem_type for s in batch.samples for _ in range(n)]
+        sources = [s.data_source for s in batch.samples for _ in range(n)]
         # ADVANTAGE: group-relative; dynamic sampling keeps groups that can teach
         with timer("advantage"):
             mask = rollouts.completion_mask.to(model.device)
             if algo.overlong == "mask":
                 mask = mask_truncated(mask, rollouts.truncated.to(model.device))
-            keep = (
-                informative_groups(rewards, n)
-                if algo.dynamic_sampling
-                else torch.ones(len(batch.samples), dtype=torch.bool)
-            )
-            skipped["groups_filtered"] = int((~keep).sum())
-            if algo.kl_coef > 0 and algo.kl_in_reward:
+            if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
+                inputs = collate_prompts(batch.encoded, pad)
                 rewards = rewards - algo.kl_coef * _sequence_kl(model, reference, inputs, rollouts, mask, cfg).cpu()
             advantages = compute_advantages(algo.advantage, rewards, n).to(model.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
-            update = _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, keep, pad, cfg)
+            update = _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, pad, cfg)
         bad_steps = bad_steps + 1 if update.get("skipped_nan") else 0
         if bad_steps >= MAX_BAD_STEPS:
             raise OmniRLError(
@@ -352,11 +370,11 @@ def _rows(chunk: list[int], n: int) -> list[int]:
     return [p * n + g for p in chunk for g in range(n)]
 
 
-def _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, keep, pad_id, cfg) -> dict:
+def _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, pad_id, cfg) -> dict:
     """PPO-style epochs over mini-batches of prompts; returns averaged diagnostics."""
     algo, n = cfg.algorithm, cfg.rollout.n
     ids = rollouts.completion_ids.to(model.device)
-    prompts = [i for i in range(len(batch.samples)) if keep[i]]
+    prompts = list(range(len(batch.samples)))
     if not prompts:
         return {"skipped_update": 1}
     size = algo.mini_batch_prompts or len(prompts)

@@ -173,3 +173,37 @@ class HFRolloutEngine:
         reasons = ["stop" if bool(s) else "length" for s in stops.any(1)]
         texts = self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n)
+
+
+def select_groups(rollouts: Rollouts, prompts: list[int]) -> Rollouts:
+    """The completions of the given prompts (by index within the batch), still grouped."""
+    n = rollouts.group_size
+    rows = [p * n + g for p in prompts for g in range(n)]
+    index = torch.tensor(rows, dtype=torch.long, device=rollouts.completion_ids.device)
+    return Rollouts(
+        rollouts.completion_ids[index],
+        rollouts.completion_mask[index],
+        rollouts.logprobs[index],
+        rollouts.lengths[index],
+        [rollouts.finish_reasons[r] for r in rows],
+        [rollouts.texts[r] for r in rows],
+        n,
+    )
+
+
+def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
+    """Rollouts of several sampling rounds as one batch (right-padded to the widest)."""
+    width = max(p.completion_ids.shape[1] for p in parts)
+
+    def pad(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return Rollouts(
+        torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+        torch.cat([pad(p.completion_mask, 0) for p in parts]),
+        torch.cat([pad(p.logprobs, 0.0) for p in parts]),
+        torch.cat([p.lengths for p in parts]),
+        [r for p in parts for r in p.finish_reasons],
+        [t for p in parts for t in p.texts],
+        parts[0].group_size,
+    )
