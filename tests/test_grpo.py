@@ -198,3 +198,19 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups(tmp_path, sh
     assert (
         final["count/multiple_choice"] + final.get("count/counting", 0) + final.get("count/temporal_grounding", 0) == 8
     )  # 2 prompts x 4 completions trained on
+
+
+def test_shipped_tiny_config_runs_a_few_steps(tmp_path, shapes):
+    config = Path(__file__).parent.parent / "configs" / "grpo_tiny_shapes.yaml"
+    cfg = load_config(
+        config,
+        [
+            f"data.train={shapes}",
+            f"run.output_dir={tmp_path}",
+            "trainer.steps=2",
+            "data.prompts_per_step=2",
+            "rollout.n=2",
+        ],
+    )
+    final = grpo.train(cfg)
+    assert final["step"] == 2 and (tmp_path / "checkpoints" / "step-00000002").is_dir()
