@@ -130,12 +130,12 @@ def _budgets(config: str | None, overrides: list[str]):
 
 
 # recipe name -> "module:function(cfg, resume)"; modules import only when run
-RECIPE_RUNNERS = {"grpo": "omni_rl.recipes.grpo:train"}
+RECIPE_RUNNERS = {"grpo": "omni_rl.recipes.grpo:train", "sft": "omni_rl.recipes.sft:train"}
 
 
 @command(
     "train",
-    "run a training recipe from a config (recipe: grpo)",
+    "run a training recipe from a config (recipe: grpo or sft)",
     arg("config", metavar="CONFIG"),
     arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
     OVERRIDE,
@@ -156,6 +156,43 @@ def _train(args: argparse.Namespace) -> int:
     module, _, function = RECIPE_RUNNERS[name].partition(":")
     final = getattr(importlib.import_module(module), function)(cfg, resume=args.resume)
     print(json.dumps(final, indent=2))
+    return 0
+
+
+@command(
+    "eval",
+    "evaluate a checkpoint: accuracy overall, per problem type and data source (greedy or pass@k)",
+    arg("--model", required=True, metavar="DIR", help="a checkpoint directory (or a training run's model/)"),
+    arg("--data", required=True, metavar="DATA", help="a JSONL or Parquet dataset"),
+    arg("--samples", type=int, default=1, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
+    arg("--config", metavar="FILE", help="a config whose media, data.prompt_template and rewards sections apply"),
+    arg("--max-new-tokens", type=int, default=64),
+    arg("--out", metavar="FILE", help="write the summary as JSON here"),
+    OVERRIDE,
+)
+def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omni_rl.config import load_config
+    from omni_rl.data.dataset import DEFAULT_TEMPLATE, MediaDataset
+    from omni_rl.evaluate import dumps, evaluate, table
+    from omni_rl.models import load
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.runtime import resolve_device, resolve_dtype, set_threads
+
+    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    if args.samples < 1:
+        raise OmniRLError("--samples must be >= 1")
+    set_threads(getattr(getattr(cfg, "run", None), "threads", None))
+    device = resolve_device(getattr(getattr(cfg, "run", None), "device", "auto"))
+    model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
+    template = cfg.data.prompt_template if hasattr(cfg, "data") else DEFAULT_TEMPLATE
+    dataset = MediaDataset(args.data, Budgets.from_config(cfg.media), prompt_template=template)
+    settings = cfg.rewards.settings() if hasattr(cfg, "rewards") else None
+    summary = evaluate(model, processor, dataset, args.samples, args.max_new_tokens, settings=settings)
+    print(table(summary))
+    if args.out:
+        Path(args.out).write_text(dumps(summary))
     return 0
 
 

@@ -488,6 +488,38 @@ class GRPOConfig:
         require(bool(self.data.train), "data", "data.train must name a dataset file")
 
 
+@dataclass
+class SFTSection:
+    """What the model is taught to answer."""
+
+    target_template: str = "<answer>{answer}</answer>"
+    """The target completion, filled with the row's fields ({answer}, {solution}, ...)."""
+
+
+@RECIPE_CONFIGS.register("sft")
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (a cold start before RL) on the same data and models."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="sft", output_dir="runs/sft"))
+    """Output directory, seed and hardware."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Rows, prompts and batch size."""
+    media: MediaConfig = field(default_factory=MediaConfig)
+    """Decoding budgets (must match the cache's)."""
+    sft: SFTSection = field(default_factory=SFTSection)
+    """Targets."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Steps, clipping, checkpoints."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5))
+    """The optimizer."""
+
+    def __post_init__(self):
+        require(bool(self.data.train), "data", "data.train must name a dataset file")
+
+
 @RECIPE_CONFIGS.register("demo")
 @dataclass
 class DemoConfig:

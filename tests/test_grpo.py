@@ -214,3 +214,30 @@ def test_shipped_tiny_config_runs_a_few_steps(tmp_path, shapes):
     )
     final = grpo.train(cfg)
     assert final["step"] == 2 and (tmp_path / "checkpoints" / "step-00000002").is_dir()
+
+
+def test_lora_with_kl_trains_adapters_and_resumes(tmp_path, shapes):
+    config = tiny_config(
+        tmp_path,
+        shapes,
+        model={"lora": {"rank": 4, "alpha": 8}},
+        algorithm={"kl_coef": 0.1, "epochs": 2, "mini_batch_prompts": 1},
+        trainer={"steps": 2, "save_every": 1},
+    )
+    final = grpo.train(load_config(config))
+    assert "loss/kl" in final
+    adapter = tmp_path / "run" / "checkpoints" / "step-00000002" / "model"
+    assert (adapter / "adapter_config.json").is_file()
+    resumed = grpo.train(load_config(config, ["trainer.steps=3"]), resume="auto")
+    assert resumed["step"] == 3
+
+
+def test_gradient_checkpointing_and_frozen_vision_tower(tmp_path, shapes):
+    config = tiny_config(
+        tmp_path,
+        shapes,
+        model={"gradient_checkpointing": True, "freeze_vision_tower": True},
+        trainer={"steps": 1, "save_every": 0},
+    )
+    final = grpo.train(load_config(config))
+    assert final["step"] == 1 and "loss/policy" in final

@@ -56,6 +56,14 @@ def repeat_rope_deltas(model: torch.nn.Module, batch: int, n: int) -> torch.Tens
     return deltas
 
 
+def text_positions(model: torch.nn.Module, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """Explicit positions for models without multimodal RoPE (left padding not counted,
+    as in generation); None lets multimodal-RoPE models compute their own."""
+    if _rope_modules(model):
+        return None
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def prefix_inputs(model: torch.nn.Module, inputs: dict) -> dict:
     """The prompts without their last token, ready for a prefill forward.
 
@@ -64,8 +72,9 @@ def prefix_inputs(model: torch.nn.Module, inputs: dict) -> dict:
     compute theirs (and their offsets) from the mask themselves.
     """
     prefix = {k: (v[:, :-1] if k in TOKEN_ALIGNED else v) for k, v in inputs.items()}
-    if not _rope_modules(model):
-        prefix["position_ids"] = (prefix["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
+    positions = text_positions(model, prefix["attention_mask"])
+    if positions is not None:
+        prefix["position_ids"] = positions
     return prefix
 
 
@@ -112,6 +121,43 @@ def group_forward(
     logits = model(
         input_ids=tail, attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True, **extra
     ).logits
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, completion_ids)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = entropy_from_logits(logits)
+    return GroupOutput(logp, entropy)
+
+
+def full_forward(
+    model: torch.nn.Module,
+    expanded: dict,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> GroupOutput:
+    """The same log-probs from whole sequences, each prompt copied once per completion.
+
+    Used under gradient checkpointing, which cannot keep a KV cache across the
+    recomputation: memory is saved, and the prompt (media included) runs G times.
+
+    Args:
+        expanded: prompts already repeated G times each ([B*G, P] and their media).
+        completion_ids, completion_mask: [B*G, L].
+    """
+    from omni_rl.models.inputs import append_completion
+
+    reset_rope_deltas(model)
+    batch, _ = append_completion(expanded, completion_ids, completion_mask)
+    positions = text_positions(model, batch["attention_mask"])
+    if positions is not None:
+        batch["position_ids"] = positions
+    prompt_length = expanded["input_ids"].shape[1]
+    logits = model(**batch).logits[:, prompt_length - 1 : -1]
     if temperature != 1.0:
         logits = logits / temperature
     logp = token_logprobs(logits, completion_ids)

@@ -8,10 +8,7 @@ log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders i
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -20,71 +17,19 @@ from omni_rl import checkpoint
 from omni_rl.algorithms.advantages import compute_advantages
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
-from omni_rl.config import GRPOConfig, save_config
+from omni_rl.config import GRPOConfig
 from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
 from omni_rl.data.sampler import PromptSampler
 from omni_rl.errors import OmniRLError
-from omni_rl.models import build_tiny, load
-from omni_rl.models.forward import group_forward
+from omni_rl.models.forward import full_forward, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.preprocess.pipeline import Budgets
+from omni_rl.recipes.common import MetricsLog, Timer, setup_model, setup_optimizer, start_run
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams, concat_rollouts, select_groups
-from omni_rl.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
 
 MAX_BAD_STEPS = 3
-
-
-# ----------------------------------------------------------------------------- setup
-
-
-def _setup_model(cfg: GRPOConfig, out: Path, resume_from: Path | None):
-    """Policy, processor and (when KL is on without LoRA) a frozen reference copy."""
-    device = resolve_device(cfg.run.device)
-    dtype = resolve_dtype(cfg.run.dtype, device)
-    base = Path(cfg.model.path) if cfg.model.path else out / "tiny_model"
-    if not cfg.model.path and not (base / "config.json").is_file():
-        build_tiny(cfg.model.tiny_family, base, seed=cfg.run.seed)
-    lora = cfg.model.lora
-    source = resume_from / "model" if resume_from is not None and lora is None else base
-    model, processor = load(source, device=device, dtype=dtype)
-    if cfg.model.freeze_vision_tower:
-        for name, param in model.named_parameters():
-            if "visual" in name:
-                param.requires_grad_(False)
-    if lora is not None:
-        from peft import LoraConfig, PeftModel, get_peft_model
-
-        if resume_from is not None:
-            model = PeftModel.from_pretrained(model, resume_from / "model", is_trainable=True)
-        else:
-            target = "|".join(lora.target_modules)
-            spec = LoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=rf".*language_model.*\.({target})",
-            )
-            model = get_peft_model(model, spec)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    reference = None
-    if cfg.algorithm.kl_coef > 0 and lora is None:
-        reference, _ = load(base, device=device, dtype=dtype)
-        reference.requires_grad_(False)
-    model.train()
-    return model, processor, reference
-
-
-def _setup_optimizer(cfg: GRPOConfig, model):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise OmniRLError("no trainable parameters (is everything frozen?)")
-    optimizer = cfg.optimizer.build(params)
-    warmup = cfg.trainer.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    return optimizer, scheduler
 
 
 # ---------------------------------------------------------------------- step helpers
@@ -192,20 +137,42 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
     return loss, metrics
 
 
-def _reference_logp(model, reference, inputs, ids, mask, n, temperature):
+def _checkpointing(model) -> bool:
+    """Whether activation (gradient) checkpointing is on (through a LoRA wrapper too)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False
+
+
+def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg: GRPOConfig, **entropy):
+    """Log-probs of the completions of the prompts in ``chunk``: each prompt computed once
+    per group, or, under gradient checkpointing (which cannot keep a KV cache), copied
+    once per completion."""
+    n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
+    if _checkpointing(model) and model.training:
+        expanded = collate_prompts([batch.encoded[p] for p in chunk for _ in range(n)], pad_id)
+        return full_forward(
+            model, _to(expanded, model.device), ids[rows], mask[rows], cfg.rollout.temperature, **entropy
+        )
+    inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
+    return group_forward(model, _to(inputs, model.device), ids[rows], mask[rows], n, cfg.rollout.temperature, **entropy)
+
+
+def _reference_logp(model, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
     if reference is not None:
-        return group_forward(reference, inputs, ids, mask, n, temperature).logp
+        return _logprobs(reference, batch, chunk, ids, mask, pad_id, cfg).logp
     with model.disable_adapter():  # LoRA: the reference is the base without adapters
-        return group_forward(model, inputs, ids, mask, n, temperature).logp
+        return _logprobs(model, batch, chunk, ids, mask, pad_id, cfg).logp
 
 
 @torch.no_grad()
-def _sequence_kl(model, reference, inputs, rollouts, mask, cfg) -> torch.Tensor:
+def _sequence_kl(model, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
     """Summed per-token KL estimate of each completion: [B*G]."""
-    inputs = _to(inputs, model.device)
-    ids, n, temperature = rollouts.completion_ids.to(model.device), cfg.rollout.n, cfg.rollout.temperature
-    logp = group_forward(model, inputs, ids, mask, n, temperature).logp
-    ref = _reference_logp(model, reference, inputs, ids, mask, n, temperature)
+    ids, everything = rollouts.completion_ids.to(model.device), list(range(len(batch.samples)))
+    logp = _logprobs(model, batch, everything, ids, mask, pad_id, cfg).logp
+    ref = _reference_logp(model, reference, batch, everything, ids, mask, pad_id, cfg)
     return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask).sum(-1)
 
 
@@ -225,63 +192,16 @@ def _rollout_metrics(rollouts, cfg: GRPOConfig) -> dict:
     }
 
 
-class _Timer:
-    """Seconds per phase of a step: ``with timer("rollout"): ...``."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, phase: str):
-        timer = self
-
-        class _Phase:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[phase] = timer.seconds.get(phase, 0.0) + time.perf_counter() - self.start
-
-        return _Phase()
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
-    def metrics(self) -> dict:
-        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": self.total}
-
-
-def _log(path: Path, writer, row: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-    for key, value in row.items():
-        if key != "step" and isinstance(value, (int, float)):
-            writer.add_scalar(key, value, row["step"])
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Keep only the metrics of steps up to ``step`` (a resumed run redoes the rest)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
-
-
 # ------------------------------------------------------------------------------ train
 
 
 def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     """Run GRPO; returns the last step's metrics. ``resume``: None, 'auto' or a
     checkpoint directory."""
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    resume_from = checkpoint.latest(out) if resume == "auto" else (Path(resume) if resume else None)
+    out, resume_from = start_run(cfg, resume)
 
     load_plugins(cfg.rewards.custom)
-    model, processor, reference = _setup_model(cfg, out, resume_from)
+    model, processor, reference = setup_model(cfg, out, resume_from, with_reference=cfg.algorithm.kl_coef > 0)
     dataset = MediaDataset(
         cfg.data.train,
         Budgets.from_config(cfg.media),
@@ -291,26 +211,20 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         cfg.data.prompt_template,
     )
     sampler = PromptSampler(len(dataset), cfg.run.seed, cfg.data.shuffle)
-    optimizer, scheduler = _setup_optimizer(cfg, model)
+    optimizer, scheduler = setup_optimizer(cfg, model)
     engine = HFRolloutEngine(model, processor)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     start_step, bad_steps = 0, 0
-    metrics_path = out / "metrics.jsonl"
     if resume_from is not None:
         state = checkpoint.load_state(resume_from, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
         start_step = state["step"]
-        _truncate_metrics(metrics_path, start_step)  # drop steps logged after the checkpoint
-    elif metrics_path.exists():
-        metrics_path.unlink()
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(out / "tensorboard"))
+    log = MetricsLog(out, start_step if resume_from is not None else None)
     row: dict = {}
     bar = tqdm(range(start_step, cfg.trainer.steps), initial=start_step, total=cfg.trainer.steps, desc="grpo")
     for step in bar:
-        timer = _Timer()
+        timer = Timer()
         skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
@@ -323,8 +237,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             if algo.overlong == "mask":
                 mask = mask_truncated(mask, rollouts.truncated.to(model.device))
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
-                inputs = collate_prompts(batch.encoded, pad)
-                rewards = rewards - algo.kl_coef * _sequence_kl(model, reference, inputs, rollouts, mask, cfg).cpu()
+                rewards = rewards - algo.kl_coef * _sequence_kl(model, reference, batch, rollouts, mask, pad, cfg).cpu()
             advantages = compute_advantages(algo.advantage, rewards, n).to(model.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
@@ -346,7 +259,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             "optim/lr": scheduler.get_last_lr()[0],
             "scorer_errors": sum("error" in r.details for r in results),
         }
-        _log(metrics_path, writer, row)
+        log.log(row)
         bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{timer.total:.1f}")
         # CHECKPOINT
         last = step + 1 == cfg.trainer.steps
@@ -361,7 +274,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
                 sampler.state_dict(),
                 keep_last=cfg.trainer.keep_last,
             )
-    writer.close()
+    log.close()
     return row
 
 
@@ -379,35 +292,22 @@ def _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advan
         return {"skipped_update": 1}
     size = algo.mini_batch_prompts or len(prompts)
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
-    sub_inputs = {tuple(c): _to(collate_prompts([batch.encoded[p] for p in c], pad_id), model.device) for c in chunks}
     needs_old = algo.epochs > 1 or len(chunks) > 1
     old, ref = {}, {}
     with torch.no_grad():
         for chunk in chunks:
-            rows = _rows(chunk, n)
             if needs_old:
-                old[tuple(chunk)] = group_forward(
-                    model, sub_inputs[tuple(chunk)], ids[rows], mask[rows], n, cfg.rollout.temperature
-                ).logp
+                old[tuple(chunk)] = _logprobs(model, batch, chunk, ids, mask, pad_id, cfg).logp
             if algo.kl_coef > 0 and not algo.kl_in_reward:
-                ref[tuple(chunk)] = _reference_logp(
-                    model, reference, sub_inputs[tuple(chunk)], ids[rows], mask[rows], n, cfg.rollout.temperature
-                )
+                ref[tuple(chunk)] = _reference_logp(model, reference, batch, chunk, ids, mask, pad_id, cfg)
     totals: dict[str, float] = {}
     updates = 0
     skipped_nan = 0
     for _ in range(algo.epochs):
         for chunk in chunks:
             rows = _rows(chunk, n)
-            out = group_forward(
-                model,
-                sub_inputs[tuple(chunk)],
-                ids[rows],
-                mask[rows],
-                n,
-                cfg.rollout.temperature,
-                with_entropy=True,
-                entropy_grad=algo.entropy_coef > 0,
+            out = _logprobs(
+                model, batch, chunk, ids, mask, pad_id, cfg, with_entropy=True, entropy_grad=algo.entropy_coef > 0
             )
             old_logp = old[tuple(chunk)] if needs_old else out.logp.detach()
             loss, metrics = _policy_loss(out, old_logp, ref.get(tuple(chunk)), advantages[rows], mask[rows], cfg)

@@ -1,0 +1,81 @@
+"""Evaluation of a checkpoint on a dataset: accuracy overall, per problem type and per
+data source; greedy (one sample) or pass@k over k samples."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import torch
+from tqdm import tqdm
+
+from omni_rl.data.dataset import MediaDataset, encode_sample
+from omni_rl.models.inputs import collate_prompts
+from omni_rl.rewards import RewardSettings, Target, score_batch
+from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+
+def evaluate(
+    model,
+    processor,
+    dataset: MediaDataset,
+    samples: int = 1,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    batch_prompts: int = 8,
+    settings: RewardSettings | None = None,
+    progress: bool = True,
+) -> dict:
+    """Score ``samples`` completions per row (greedy when 1); a row's accuracy is its
+    best completion's (pass@k for k > 1). Returns accuracy, per_type, per_source, rows."""
+    engine = HFRolloutEngine(model, processor)
+    sampling = SamplingParams(temperature=0.0 if samples == 1 else temperature, max_new_tokens=max_new_tokens)
+    pad = processor.tokenizer.pad_token_id
+    per_row = []
+    indices = list(range(len(dataset)))
+    for start in tqdm(range(0, len(indices), batch_prompts), desc="eval", unit="batch", disable=not progress):
+        rows = [dataset[i] for i in indices[start : start + batch_prompts]]
+        inputs = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
+        with torch.no_grad():
+            rollouts = engine.generate(inputs, samples, sampling)
+        targets = [Target(s.answer, s.options, s.fields) for s in rows for _ in range(samples)]
+        types = [s.problem_type for s in rows for _ in range(samples)]
+        results = score_batch(types, rollouts.texts, targets, settings)
+        for i, sample in enumerate(rows):
+            best = max(r.accuracy for r in results[i * samples : (i + 1) * samples])
+            per_row.append((sample.problem_type, sample.data_source or "unknown", best))
+    return summarize(per_row, samples)
+
+
+def summarize(per_row: list[tuple[str, str, float]], samples: int) -> dict:
+    """Mean accuracy overall and grouped by problem type and data source."""
+    by_type, by_source = defaultdict(list), defaultdict(list)
+    for problem_type, source, accuracy in per_row:
+        by_type[problem_type].append(accuracy)
+        by_source[source].append(accuracy)
+
+    def mean(values):
+        return sum(values) / len(values) if values else 0.0
+
+    return {
+        "accuracy": mean([a for _, _, a in per_row]),
+        "samples": samples,
+        "rows": len(per_row),
+        "per_type": {k: mean(v) for k, v in sorted(by_type.items())},
+        "per_source": {k: mean(v) for k, v in sorted(by_source.items())},
+        "count_per_type": {k: len(v) for k, v in sorted(by_type.items())},
+    }
+
+
+def table(summary: dict) -> str:
+    """A plain-text table of an evaluation summary."""
+    label = "accuracy" if summary["samples"] == 1 else f"pass@{summary['samples']}"
+    lines = [f"{'problem type':<28}{'rows':>6}{label:>12}"]
+    for name, value in summary["per_type"].items():
+        lines.append(f"{name:<28}{summary['count_per_type'][name]:>6}{value:>12.3f}")
+    lines.append(f"{'overall':<28}{summary['rows']:>6}{summary['accuracy']:>12.3f}")
+    return "\n".join(lines)
+
+
+def dumps(summary: dict) -> str:
+    return json.dumps(summary, indent=2)
