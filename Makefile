@@ -24,7 +24,7 @@ test: setup lint
 	OMNI_RL_THREADS=$${OMNI_RL_THREADS:-2} $(BIN)/python -m pytest
 
 demo: setup
-	$(BIN)/omni-rl demo --config configs/demo.yaml
+	$(BIN)/omni-rl quickstart
 
 clean:
 	rm -rf $(VENV) runs build dist *.egg-info .pytest_cache .ruff_cache

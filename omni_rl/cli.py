@@ -160,6 +160,23 @@ def _train(args: argparse.Namespace) -> int:
 
 
 @command(
+    "quickstart",
+    "tiny VLM on synthetic video QA: data, cache, SFT, eval, GRPO, eval (CPU, minutes)",
+    arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
+    OVERRIDE,
+)
+def _quickstart(args: argparse.Namespace) -> int:
+    import json
+
+    from omni_rl.config import load_config
+    from omni_rl.recipes import quickstart
+
+    summary = quickstart.main(load_config(args.config, args.overrides, recipe="quickstart"))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+@command(
     "eval",
     "evaluate a checkpoint: accuracy overall, per problem type and data source (greedy or pass@k)",
     arg("--model", required=True, metavar="DIR", help="a checkpoint directory (or a training run's model/)"),

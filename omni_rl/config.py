@@ -366,8 +366,8 @@ class DataConfig:
 class RolloutConfig:
     """How completions are sampled during training."""
 
-    engine: Literal["hf", "vllm"] = "hf"
-    """hf runs everywhere; vllm is an optional extra for GPU machines."""
+    engine: Literal["hf"] = "hf"
+    """Generation engine; hf runs on CPUs and GPUs (a vLLM engine is planned)."""
     n: int = 8
     """Completions per prompt (the group size G)."""
     temperature: float = 1.0
@@ -518,6 +518,89 @@ class SFTConfig:
 
     def __post_init__(self):
         require(bool(self.data.train), "data", "data.train must name a dataset file")
+
+
+@dataclass
+class QuickstartData:
+    """The synthetic video-QA set of the quickstart."""
+
+    train_videos: int = 48
+    """Training scenes (4 questions each)."""
+    heldout_videos: int = 24
+    """Held-out scenes, never trained on."""
+    seconds: float = 2.0
+    """Clip length."""
+    fps: int = 8
+    """Clip frame rate."""
+    width: int = 96
+    """Frame width."""
+    height: int = 72
+    """Frame height."""
+    sft_fraction: float = 0.5
+    """Part of the training set used for the SFT cold start."""
+    blank_frames: bool = False
+    """Control run: the same questions over empty frames (accuracy should stay near chance)."""
+    prompt_template: str = "{problem}{options}"
+    """How rows become questions."""
+
+    def __post_init__(self):
+        require(self.train_videos >= 2 and self.heldout_videos >= 1, "train_videos", "need >= 2 train, >= 1 held out")
+        require(0 < self.sft_fraction <= 1, "sft_fraction", "must be in (0, 1]")
+
+
+@dataclass
+class QuickstartSFT:
+    """The SFT cold start."""
+
+    steps: int = 150
+    """Optimizer steps."""
+    lr: float = 2e-3
+    """Learning rate."""
+    prompts_per_step: int = 8
+    """Batch size."""
+
+
+@dataclass
+class QuickstartGRPO:
+    """The GRPO phase."""
+
+    steps: int = 60
+    """Optimizer steps."""
+    lr: float = 5e-4
+    """Learning rate."""
+    n: int = 8
+    """Completions per prompt."""
+    prompts_per_step: int = 4
+    """Prompts per step."""
+    max_new_tokens: int = 40
+    """Longest completion (the tiny tokenizer spends one token per byte)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    advantage: str = "grpo"
+    """Advantage estimator."""
+    dynamic_sampling: bool = True
+    """Replace groups whose rewards are all equal."""
+
+
+@RECIPE_CONFIGS.register("quickstart")
+@dataclass
+class QuickstartConfig:
+    """``omni-rl quickstart``: synthetic data, cache, tiny model, SFT, eval, GRPO, eval."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(name="quickstart", output_dir="runs/quickstart", threads=2)
+    )
+    """Output directory, seed and hardware."""
+    media: MediaConfig = field(
+        default_factory=lambda: MediaConfig(min_frames=2, max_frames=8, video_min_pixels=3136, video_max_pixels=12544)
+    )
+    """Frame sampling and budgets (small, for a CPU)."""
+    data: QuickstartData = field(default_factory=QuickstartData)
+    """The synthetic set."""
+    sft: QuickstartSFT = field(default_factory=QuickstartSFT)
+    """The cold start."""
+    grpo: QuickstartGRPO = field(default_factory=QuickstartGRPO)
+    """The RL phase."""
 
 
 @RECIPE_CONFIGS.register("demo")

@@ -106,7 +106,7 @@ def row_media(row: Row, data_root: Path, budgets: Budgets) -> list[tuple[str, Pa
         for path in getattr(row, field):
             resolved = resolve_media_path(path, data_root, media_root)
             out.append((kind, resolved))
-            if kind == "video" and budgets.use_audio_in_video:
+            if kind == "video" and (budgets.use_audio_in_video or row.fields.get("use_audio_in_video")):
                 out.append(("video_audio", resolved))
     return out
 

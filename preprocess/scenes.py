@@ -147,17 +147,22 @@ def write_video_qa(
     height: int = 120,
     tones: int = 0,
     images: int = 0,
+    blank: bool = False,
 ) -> Path:
     """Render ``videos`` scenes (plus ``tones`` WAVs and ``images`` PNGs) under ``out``
     and write ``out/data.jsonl`` (4 rows per video, 1 per tone and image) and
-    ``out/truth.jsonl`` (each scene's objects). Returns the dataset path."""
+    ``out/truth.jsonl`` (each scene's objects). Returns the dataset path.
+
+    ``blank`` writes the same rows over videos of the empty background: a control
+    showing how much of a model's accuracy needs the pixels.
+    """
     out = Path(out)
     rng = np.random.default_rng(seed)
     rows, truth = [], []
     for i in range(videos):
         objects = random_scene(rng, seconds, width, height)
         name = f"media/scene_{i:05d}.mp4"
-        write_video(out / name, render(objects, seconds, fps, width, height), fps)
+        write_video(out / name, render([] if blank else objects, seconds, fps, width, height), fps)
         for kind, row in zip(
             ("direction", "count", "colour", "enter"), scene_rows(name, objects, seconds, rng), strict=True
         ):

@@ -163,3 +163,8 @@ def test_overlong_penalty_and_truncation_mask():
     assert penalty.tolist() == approx([0, 0, -0.6, -1, -1])
     mask = mask_truncated(torch.ones(2, 3), torch.tensor([False, True]))
     assert mask.tolist() == [[1, 1, 1], [0, 0, 0]]
+
+
+def test_advantages_of_an_empty_batch():
+    assert grpo_advantages(torch.tensor([]), group_size=4).tolist() == []
+    assert dr_grpo_advantages(torch.tensor([]), group_size=4).tolist() == []

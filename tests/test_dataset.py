@@ -150,3 +150,62 @@ def test_loading_routes_problem_types_and_checks_gold_answers(tmp_path):
     path.write_text(json.dumps({"id": "x", "problem": "p", "problem_type": "countin", "answer": 1}) + "\n")
     with pytest.raises(OmniRLError, match=r"unknown problem type 'countin' \(did you mean 'counting'\?\); known: "):
         MediaDataset(path, budgets)
+
+
+def test_image_rows_carry_the_recorded_sizes_for_box_scoring(tmp_path):
+    from omni_rl.rewards import score
+
+    write_image(tmp_path / "i.png", np.zeros((100, 200, 3), dtype=np.uint8))
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        json.dumps(
+            {
+                "id": "box",
+                "problem": "Where?",
+                "problem_type": "spatial_grounding",
+                "answer": [0, 0, 100, 50],
+                "images": ["i.png"],
+                "box_space": "pixel",
+                "prediction_space": "resized",
+            }
+        )
+        + "\n"
+    )
+    sample = MediaDataset(path, small_budgets("qwen2_5_vl"))[0]
+    assert sample.fields["image_size"] == [100, 200]
+    h, w = sample.fields["resized_size"]
+    assert (h, w) == tuple(sample.images[0].shape[:2])
+    # the top-left quarter in the resized image's pixels is the gold box
+    fields = {k: sample.fields[k] for k in ("box_space", "prediction_space", "image_size", "resized_size")}
+    result = score("spatial_grounding", f"<answer>[0, 0, {w / 2}, {h / 2}]</answer>", sample.answer, **fields)
+    assert result.accuracy == pytest.approx(1.0)
+
+
+def test_a_row_can_ask_for_its_videos_audio_track(tmp_path):
+    import av
+
+    clip = tmp_path / "av.mp4"
+    with av.open(str(clip), "w") as container:
+        video = container.add_stream("libx264", rate=10)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio = container.add_stream("aac", rate=16_000)
+        audio.layout = "mono"
+        for i in range(10):
+            container.mux(
+                video.encode(av.VideoFrame.from_ndarray(np.full((64, 64, 3), i * 20, np.uint8), format="rgb24"))
+            )
+        frame = av.AudioFrame.from_ndarray(tone(1.0)[None, :], format="flt", layout="mono")
+        frame.sample_rate = 16_000
+        container.mux(audio.encode(frame))
+        container.mux(video.encode(None))
+        container.mux(audio.encode(None))
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"id": "plain", "videos": ["av.mp4"]},
+        {"id": "with-audio", "videos": ["av.mp4"], "use_audio_in_video": True},
+    ]
+    path.write_text(
+        "".join(json.dumps({"problem": "p", "problem_type": "counting", "answer": 1, **r}) + "\n" for r in rows)
+    )
+    ds = MediaDataset(path, small_budgets("qwen2_5_omni_thinker"))
+    assert ds[0].video_audios == [] and len(ds[1].video_audios) == 1

@@ -280,3 +280,18 @@ def test_rewards_cli(tmp_path, capsys):
     assert main(["rewards", "score", "--type", "counting", "--answer", "3", "<answer>3</answer>"]) == 0
     assert '"accuracy": 1.0' in capsys.readouterr().out
     assert main(["rewards", "score", "--type", "countng", "--answer", "3", "3"]) == 2
+
+
+def test_plugins_from_the_entry_point_group(tmp_path, monkeypatch):
+    """A package that declares an ``omni_rl.rewards`` entry point is found without config."""
+    (tmp_path / "ep_rewards.py").write_text("def always(response, target):\n    return 0.25\n")
+    info = tmp_path / "ep_rewards-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-rewards\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[omni_rl.rewards]\nquarter = ep_rewards:always\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "quarter" in load_plugins()
+        assert score("quarter", "anything", None).score == 0.25
+    finally:
+        SCORERS._items.pop("quarter", None)

@@ -30,6 +30,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
         advantages [B*G]; 0 for a group whose rewards are all equal.
     """
     r = _groups(rewards, group_size)
+    if r.numel() == 0:  # every group was filtered out
+        return rewards.float()
     std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
     return ((r - r.mean(dim=1, keepdim=True)) / (std + eps)).flatten()
 

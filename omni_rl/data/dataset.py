@@ -192,6 +192,13 @@ class MediaDataset:
                 sample.videos.append(_clip_from_entry(tensors, meta))
             elif kind == "image":
                 sample.images.append(tensors["pixels"].numpy())
+                # what the grounding scorers convert boxes with (unless the row says otherwise)
+                if len(sample.images) == 1:
+                    sample.fields = {
+                        "image_size": meta["original_size"],
+                        "resized_size": meta["resized_size"],
+                        **sample.fields,
+                    }
             elif kind == "audio":
                 sample.audios.append(tensors["audio"].numpy())
             else:  # video_audio

@@ -1,1 +1,1 @@
-"""Generation engines: hf (CPU and GPU) and, as an optional extra, vllm."""
+"""Generation engines: hf (CPU and GPU; shares the policy's weights)."""

@@ -1,0 +1,48 @@
+"""Curves of a run's metrics.jsonl as PNG files (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DEFAULT_KEYS = (
+    "reward/mean",
+    "accuracy/mean",
+    "format/mean",
+    "loss/policy",
+    "loss/sft",
+    "loss/kl",
+    "actor/entropy",
+    "response/length_mean",
+    "optim/grad_norm",
+    "time/step",
+)
+
+
+def plot_metrics(run_dir: str | Path, out_dir: str | Path | None = None, keys=DEFAULT_KEYS) -> list[Path]:
+    """One PNG per metric present in ``run_dir/metrics.jsonl``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key in keys:
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if not points:
+            continue
+        figure, axis = plt.subplots(figsize=(5, 3.2))
+        axis.plot(*zip(*points, strict=True), marker="." if len(points) < 60 else None)
+        axis.set_xlabel("step")
+        axis.set_title(key)
+        axis.grid(alpha=0.3)
+        figure.tight_layout()
+        path = out_dir / (key.replace("/", "_") + ".png")
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written
