@@ -540,6 +540,8 @@ class QuickstartData:
     """Part of the training set used for the SFT cold start."""
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay near chance)."""
+    shuffle_options: bool = False
+    """Shuffle multiple-choice options; off, the letter is the class (learnable by a tiny model)."""
     prompt_template: str = "{problem}{options}"
     """How rows become questions."""
 

@@ -97,13 +97,17 @@ def random_scene(
     return objects
 
 
-def _choice_row(question: str, options: list[str], answer: str, rng: np.random.Generator) -> dict:
-    order = list(rng.permutation(len(options)))
-    shuffled = [options[i] for i in order]
-    return {"problem": question, "options": shuffled, "answer": LETTERS[shuffled.index(answer)]}
+def _choice_row(question: str, options: list[str], answer: str, rng: np.random.Generator, shuffle: bool) -> dict:
+    """A multiple-choice row; with ``shuffle`` the options come in a random order (the
+    model must match its answer to the option text), else in a fixed order."""
+    if shuffle:
+        options = [options[i] for i in rng.permutation(len(options))]
+    return {"problem": question, "options": list(options), "answer": LETTERS[options.index(answer)]}
 
 
-def scene_rows(video: str, objects: list[MovingObject], seconds: float, rng: np.random.Generator) -> list[dict]:
+def scene_rows(
+    video: str, objects: list[MovingObject], seconds: float, rng: np.random.Generator, shuffle_options: bool = True
+) -> list[dict]:
     """The four questions about one scene, as dataset rows (without ids)."""
     target = objects[int(rng.integers(len(objects)))]
     present = {o.color for o in objects}
@@ -115,14 +119,24 @@ def scene_rows(video: str, objects: list[MovingObject], seconds: float, rng: np.
         {
             "problem_type": "multiple_choice",
             **_choice_row(
-                f"Which way does the {target.color} {target.shape} move?", list(DIRECTIONS), target.direction, rng
+                f"Which way does the {target.color} {target.shape} move?",
+                list(DIRECTIONS),
+                target.direction,
+                rng,
+                shuffle_options,
             ),
         },
         {"problem_type": "counting", "problem": "How many shapes appear in the video?", "answer": len(objects)},
         {
             "problem_type": "multiple_choice",
             **_choice_row(
-                "Which colour appears in the video?", [appear, *rng.choice(absent, 3, replace=False)], appear, rng
+                "Which colour appears in the video?",
+                # unshuffled, the options keep the palette's order, so the letter still
+                # depends on which colour is on screen
+                sorted([appear, *rng.choice(absent, 3, replace=False)], key=list(COLORS).index),
+                appear,
+                rng,
+                shuffle_options,
             ),
         },
         {
@@ -148,13 +162,16 @@ def write_video_qa(
     tones: int = 0,
     images: int = 0,
     blank: bool = False,
+    shuffle_options: bool = True,
 ) -> Path:
     """Render ``videos`` scenes (plus ``tones`` WAVs and ``images`` PNGs) under ``out``
     and write ``out/data.jsonl`` (4 rows per video, 1 per tone and image) and
     ``out/truth.jsonl`` (each scene's objects). Returns the dataset path.
 
     ``blank`` writes the same rows over videos of the empty background: a control
-    showing how much of a model's accuracy needs the pixels.
+    showing how much of a model's accuracy needs the pixels. ``shuffle_options=False``
+    keeps multiple-choice options in a fixed order (the letter is the class), a task a
+    tiny model can learn without matching answers to option text.
     """
     out = Path(out)
     rng = np.random.default_rng(seed)
@@ -164,7 +181,9 @@ def write_video_qa(
         name = f"media/scene_{i:05d}.mp4"
         write_video(out / name, render([] if blank else objects, seconds, fps, width, height), fps)
         for kind, row in zip(
-            ("direction", "count", "colour", "enter"), scene_rows(name, objects, seconds, rng), strict=True
+            ("direction", "count", "colour", "enter"),
+            scene_rows(name, objects, seconds, rng, shuffle_options),
+            strict=True,
         ):
             rows.append({"id": f"scene{i:05d}-{kind}", **row})
         truth.append({"video": name, "seconds": seconds, "objects": [asdict(o) for o in objects]})
@@ -178,7 +197,7 @@ def write_video_qa(
                 "problem_type": "multiple_choice",
                 "audios": [name],
                 "data_source": "synthetic_tones",
-                **_choice_row("Is this tone low or high?", ["low", "high"], pitch, rng),
+                **_choice_row("Is this tone low or high?", ["low", "high"], pitch, rng, shuffle_options),
             }
         )
     for i in range(images):

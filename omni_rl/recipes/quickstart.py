@@ -47,7 +47,15 @@ def main(cfg: QuickstartConfig) -> dict:
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
     train = write_video_qa(
-        out / "data" / "train", d.train_videos, cfg.run.seed, d.seconds, d.fps, d.width, d.height, blank=d.blank_frames
+        out / "data" / "train",
+        d.train_videos,
+        cfg.run.seed,
+        d.seconds,
+        d.fps,
+        d.width,
+        d.height,
+        blank=d.blank_frames,
+        shuffle_options=d.shuffle_options,
     )
     heldout = write_video_qa(
         out / "data" / "heldout",
@@ -58,6 +66,7 @@ def main(cfg: QuickstartConfig) -> dict:
         d.width,
         d.height,
         blank=d.blank_frames,
+        shuffle_options=d.shuffle_options,
     )
     sft_rows = _split(train, d.sft_fraction, train.parent / "sft.jsonl")
     budgets = Budgets.from_config(cfg.media)

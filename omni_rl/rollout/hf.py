@@ -141,13 +141,12 @@ class HFRolloutEngine:
             repeat_rope_deltas(model, batch, n)
             # DECODE: all B*G sequences continue from their prompt's last token
             recorder = _RecordLogprobs()
+            # sampling is shaped by our processors; transformers' own warpers stay off
+            sample = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
             output = model.generate(
                 **_repeat_prompt_inputs(inputs, n),
                 cache=cache,
-                do_sample=sampling.temperature > 0,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
+                **(sample if sampling.temperature > 0 else {"do_sample": False}),
                 max_new_tokens=sampling.max_new_tokens,
                 logits_processor=self._processors(sampling, recorder),
                 eos_token_id=self.stop_ids,
