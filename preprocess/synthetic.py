@@ -31,8 +31,16 @@ def moving_square(
     return frames
 
 
-def write_video(path: str | Path, frames: np.ndarray, fps: int, crf: int = 18) -> Path:
-    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically."""
+def write_video(
+    path: str | Path,
+    frames: np.ndarray,
+    fps: int,
+    crf: int = 18,
+    audio: np.ndarray | None = None,
+    sample_rate: int = 16_000,
+) -> Path:
+    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically; with
+    ``audio`` (mono float32 [N]) also an AAC track."""
     import av
 
     path = Path(path)
@@ -44,9 +52,18 @@ def write_video(path: str | Path, frames: np.ndarray, fps: int, crf: int = 18) -
         stream.width, stream.height = width - width % 2, height - height % 2
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": str(crf), "preset": "veryfast"}
+        sound = None
+        if audio is not None:
+            sound = container.add_stream("aac", rate=sample_rate)
+            sound.layout = "mono"
         for frame in frames:
             image = av.VideoFrame.from_ndarray(frame[: stream.height, : stream.width], format="rgb24")
             container.mux(stream.encode(image))
+        if sound is not None:
+            chunk = av.AudioFrame.from_ndarray(audio.astype(np.float32)[None, :], format="flt", layout="mono")
+            chunk.sample_rate = sample_rate
+            container.mux(sound.encode(chunk))
+            container.mux(sound.encode(None))
         container.mux(stream.encode(None))
     tmp.replace(path)
     return path

@@ -182,23 +182,8 @@ def test_image_rows_carry_the_recorded_sizes_for_box_scoring(tmp_path):
 
 
 def test_a_row_can_ask_for_its_videos_audio_track(tmp_path):
-    import av
-
-    clip = tmp_path / "av.mp4"
-    with av.open(str(clip), "w") as container:
-        video = container.add_stream("libx264", rate=10)
-        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
-        audio = container.add_stream("aac", rate=16_000)
-        audio.layout = "mono"
-        for i in range(10):
-            container.mux(
-                video.encode(av.VideoFrame.from_ndarray(np.full((64, 64, 3), i * 20, np.uint8), format="rgb24"))
-            )
-        frame = av.AudioFrame.from_ndarray(tone(1.0)[None, :], format="flt", layout="mono")
-        frame.sample_rate = 16_000
-        container.mux(audio.encode(frame))
-        container.mux(video.encode(None))
-        container.mux(audio.encode(None))
+    frames = np.stack([np.full((64, 64, 3), i * 20, np.uint8) for i in range(10)])
+    write_video(tmp_path / "av.mp4", frames, 10, audio=tone(1.0))
     path = tmp_path / "d.jsonl"
     rows = [
         {"id": "plain", "videos": ["av.mp4"]},

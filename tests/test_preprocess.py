@@ -182,23 +182,8 @@ def test_foreign_manifest_is_refused(tmp_path):
 
 
 def test_decode_medium_of_a_video_with_its_own_audio_track(tmp_path):
-    import av
-
-    path = tmp_path / "av.mp4"
-    with av.open(str(path), "w") as container:
-        video = container.add_stream("libx264", rate=10)
-        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
-        audio = container.add_stream("aac", rate=16_000)
-        audio.layout = "mono"
-        wave = tone(1.0)
-        for i in range(10):
-            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), i * 20, np.uint8), format="rgb24")
-            container.mux(video.encode(frame))
-        frame = av.AudioFrame.from_ndarray(wave[None, :], format="flt", layout="mono")
-        frame.sample_rate = 16_000
-        container.mux(audio.encode(frame))
-        container.mux(video.encode(None))
-        container.mux(audio.encode(None))
+    frames = np.stack([np.full((64, 64, 3), i * 20, np.uint8) for i in range(10)])
+    path = write_video(tmp_path / "av.mp4", frames, 10, audio=tone(1.0))
     budgets = Budgets(VideoBudget(), ImageBudget(), use_audio_in_video=True)
     tensors, meta = decode_medium("video_audio", path, budgets)
     assert tensors["audio"].dtype == np.float32 and abs(meta["seconds"] - 1.0) < 0.1

@@ -37,6 +37,18 @@ def _rope_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if hasattr(m, "rope_deltas")]
 
 
+def _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad) -> GroupOutput:
+    """Log-probs (and entropies) of completion tokens from their logits [N, L, V]."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, completion_ids)
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = entropy_from_logits(logits)
+    return GroupOutput(logp, entropy)
+
+
 def reset_rope_deltas(model: torch.nn.Module) -> None:
     """Forget RoPE offsets stored by an earlier forward, so the next prefill computes its own."""
     for module in _rope_modules(model):
@@ -121,14 +133,7 @@ def group_forward(
     logits = model(
         input_ids=tail, attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True, **extra
     ).logits
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, completion_ids)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            entropy = entropy_from_logits(logits)
-    return GroupOutput(logp, entropy)
+    return _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad)
 
 
 def full_forward(
@@ -158,11 +163,4 @@ def full_forward(
         batch["position_ids"] = positions
     prompt_length = expanded["input_ids"].shape[1]
     logits = model(**batch).logits[:, prompt_length - 1 : -1]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, completion_ids)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            entropy = entropy_from_logits(logits)
-    return GroupOutput(logp, entropy)
+    return _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad)

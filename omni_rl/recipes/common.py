@@ -90,6 +90,25 @@ def setup_optimizer(cfg, model):
     return optimizer, scheduler
 
 
+def resume_state(resume_from: Path | None, optimizer, scheduler, sampler) -> int:
+    """Restore optimizer, scheduler, RNG and sampler from a checkpoint; returns its step
+    (0 for a fresh run)."""
+    if resume_from is None:
+        return 0
+    state = checkpoint.load_state(resume_from, optimizer, scheduler)
+    sampler.load_state_dict(state["sampler"])
+    return state["step"]
+
+
+def save_if_due(cfg, out: Path, step: int, model, processor, optimizer, scheduler, sampler) -> None:
+    """Checkpoint after ``step`` (1-based) every ``trainer.save_every`` steps and at the end."""
+    every = cfg.trainer.save_every
+    if step == cfg.trainer.steps or (every and step % every == 0):
+        checkpoint.save(
+            out, step, model, processor, optimizer, scheduler, sampler.state_dict(), keep_last=cfg.trainer.keep_last
+        )
+
+
 class Timer:
     """Seconds per phase of a step: ``with timer("rollout"): ...``."""
 

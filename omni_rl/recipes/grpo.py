@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from omni_rl import checkpoint
 from omni_rl.algorithms.advantages import compute_advantages
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
@@ -24,7 +23,15 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import full_forward, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.preprocess.pipeline import Budgets
-from omni_rl.recipes.common import MetricsLog, Timer, setup_model, setup_optimizer, start_run
+from omni_rl.recipes.common import (
+    MetricsLog,
+    Timer,
+    resume_state,
+    save_if_due,
+    setup_model,
+    setup_optimizer,
+    start_run,
+)
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams, concat_rollouts, select_groups
@@ -215,11 +222,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     engine = HFRolloutEngine(model, processor)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
-    start_step, bad_steps = 0, 0
-    if resume_from is not None:
-        state = checkpoint.load_state(resume_from, optimizer, scheduler)
-        sampler.load_state_dict(state["sampler"])
-        start_step = state["step"]
+    start_step, bad_steps = resume_state(resume_from, optimizer, scheduler, sampler), 0
     log = MetricsLog(out, start_step if resume_from is not None else None)
     row: dict = {}
     bar = tqdm(range(start_step, cfg.trainer.steps), initial=start_step, total=cfg.trainer.steps, desc="grpo")
@@ -262,18 +265,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         log.log(row)
         bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{timer.total:.1f}")
         # CHECKPOINT
-        last = step + 1 == cfg.trainer.steps
-        if last or (cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0):
-            checkpoint.save(
-                out,
-                step + 1,
-                model,
-                processor,
-                optimizer,
-                scheduler,
-                sampler.state_dict(),
-                keep_last=cfg.trainer.keep_last,
-            )
+        save_if_due(cfg, out, step + 1, model, processor, optimizer, scheduler, sampler)
     log.close()
     return row
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from omni_rl import checkpoint
 from omni_rl.config import SFTConfig
 from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
 from omni_rl.data.sampler import PromptSampler
@@ -18,7 +17,15 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import reset_rope_deltas, text_positions
 from omni_rl.models.inputs import append_completion, collate_prompts
 from omni_rl.preprocess.pipeline import Budgets
-from omni_rl.recipes.common import MetricsLog, Timer, setup_model, setup_optimizer, start_run
+from omni_rl.recipes.common import (
+    MetricsLog,
+    Timer,
+    resume_state,
+    save_if_due,
+    setup_model,
+    setup_optimizer,
+    start_run,
+)
 
 
 def render_target(template: str, sample: Sample) -> str:
@@ -54,11 +61,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     )
     sampler = PromptSampler(len(dataset), cfg.run.seed, cfg.data.shuffle)
     optimizer, scheduler = setup_optimizer(cfg, model)
-    start_step = 0
-    if resume_from is not None:
-        state = checkpoint.load_state(resume_from, optimizer, scheduler)
-        sampler.load_state_dict(state["sampler"])
-        start_step = state["step"]
+    start_step = resume_state(resume_from, optimizer, scheduler, sampler)
     log = MetricsLog(out, start_step if resume_from is not None else None)
     row: dict = {}
     for step in (
@@ -92,16 +95,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         }
         log.log(row)
         bar.set_postfix(loss=f"{row['loss/sft']:.3f}")
-        if step + 1 == cfg.trainer.steps or (cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0):
-            checkpoint.save(
-                out,
-                step + 1,
-                model,
-                processor,
-                optimizer,
-                scheduler,
-                sampler.state_dict(),
-                keep_last=cfg.trainer.keep_last,
-            )
+        # CHECKPOINT
+        save_if_due(cfg, out, step + 1, model, processor, optimizer, scheduler, sampler)
     log.close()
     return row
