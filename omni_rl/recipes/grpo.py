@@ -261,6 +261,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **{f"skipped/{k}": v for k, v in skipped.items()},
             "optim/lr": scheduler.get_last_lr()[0],
             "scorer_errors": sum("error" in r.details for r in results),
+            "throughput/rollout_tokens_per_s": int(rollouts.lengths.sum()) / max(timer.seconds["rollout"], 1e-9),
         }
         log.log(row)
         bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{timer.total:.1f}")
