@@ -79,6 +79,20 @@ def setup_model(cfg, out: Path, resume_from: Path | None, with_reference: bool =
     return model, processor, reference
 
 
+def setup_data(cfg):
+    """The training rows (routed and checked against the reward registry) and a
+    resumable sampler over them."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.data.sampler import PromptSampler
+    from omni_rl.preprocess.pipeline import Budgets
+
+    data = cfg.data
+    dataset = MediaDataset(
+        data.train, Budgets.from_config(cfg.media), data.cache, data.cache_mode, data.strict, data.prompt_template
+    )
+    return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
+
+
 def setup_optimizer(cfg, model):
     """The configured optimizer over trainable parameters, with linear warm-up."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -17,17 +17,16 @@ from omni_rl.algorithms.advantages import compute_advantages
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.config import GRPOConfig
-from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
-from omni_rl.data.sampler import PromptSampler
+from omni_rl.data.dataset import Sample, encode_sample
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import full_forward, group_forward
 from omni_rl.models.inputs import collate_prompts
-from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.recipes.common import (
     MetricsLog,
     Timer,
     resume_state,
     save_if_due,
+    setup_data,
     setup_model,
     setup_optimizer,
     start_run,
@@ -209,15 +208,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
 
     load_plugins(cfg.rewards.custom)
     model, processor, reference = setup_model(cfg, out, resume_from, with_reference=cfg.algorithm.kl_coef > 0)
-    dataset = MediaDataset(
-        cfg.data.train,
-        Budgets.from_config(cfg.media),
-        cfg.data.cache,
-        cfg.data.cache_mode,
-        cfg.data.strict,
-        cfg.data.prompt_template,
-    )
-    sampler = PromptSampler(len(dataset), cfg.run.seed, cfg.data.shuffle)
+    dataset, sampler = setup_data(cfg)
     optimizer, scheduler = setup_optimizer(cfg, model)
     engine = HFRolloutEngine(model, processor)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)

@@ -11,17 +11,16 @@ import torch
 from tqdm import tqdm
 
 from omni_rl.config import SFTConfig
-from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
-from omni_rl.data.sampler import PromptSampler
+from omni_rl.data.dataset import Sample, encode_sample
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import reset_rope_deltas, text_positions
 from omni_rl.models.inputs import append_completion, collate_prompts
-from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.recipes.common import (
     MetricsLog,
     Timer,
     resume_state,
     save_if_due,
+    setup_data,
     setup_model,
     setup_optimizer,
     start_run,
@@ -51,15 +50,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     """Run SFT; returns the last step's metrics."""
     out, resume_from = start_run(cfg, resume)
     model, processor, _ = setup_model(cfg, out, resume_from)
-    dataset = MediaDataset(
-        cfg.data.train,
-        Budgets.from_config(cfg.media),
-        cfg.data.cache,
-        cfg.data.cache_mode,
-        cfg.data.strict,
-        cfg.data.prompt_template,
-    )
-    sampler = PromptSampler(len(dataset), cfg.run.seed, cfg.data.shuffle)
+    dataset, sampler = setup_data(cfg)
     optimizer, scheduler = setup_optimizer(cfg, model)
     start_step = resume_state(resume_from, optimizer, scheduler, sampler)
     log = MetricsLog(out, start_step if resume_from is not None else None)
