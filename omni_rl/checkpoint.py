@@ -59,17 +59,25 @@ def save(
     extra: dict | None = None,
     keep_last: int = 2,
 ) -> Path:
-    """Write the checkpoint of ``step`` and prune all but the newest ``keep_last``."""
+    """Write the checkpoint of ``step`` and prune all but the newest ``keep_last``.
+
+    ``model`` needs ``save_pretrained(dir)``; ``processor`` and ``scheduler`` may be None.
+    """
     root = Path(output_dir) / "checkpoints"
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "model")
-    processor.save_pretrained(tmp / "model")
+    if processor is not None:
+        processor.save_pretrained(tmp / "model")
     rng_tensors, rng_json = _rng_state()
     torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_tensors},
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else {},
+            "rng": rng_tensors,
+        },
         tmp / "trainer_state.pt",
     )
     state = {"step": step, "sampler": sampler_state, "rng": rng_json, "extra": extra or {}}
@@ -97,7 +105,8 @@ def load_state(path: str | Path, optimizer: torch.optim.Optimizer, scheduler) ->
     path = Path(path)
     trainer = torch.load(path / "trainer_state.pt", weights_only=True, map_location="cpu")
     optimizer.load_state_dict(trainer["optimizer"])
-    scheduler.load_state_dict(trainer["scheduler"])
+    if scheduler is not None:
+        scheduler.load_state_dict(trainer["scheduler"])
     state = json.loads((path / "state.json").read_text())
     _set_rng_state(trainer["rng"], state["rng"])
     return state

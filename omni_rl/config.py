@@ -107,6 +107,8 @@ class ModelConfig:
     """A local Hugging Face checkpoint directory; unset builds a tiny model."""
     tiny_family: str = "qwen2_5_vl"
     """Family of the tiny model built when ``path`` is unset."""
+    tiny_width: int = 64
+    """Decoder width of that tiny model (a multiple of 32; 64: ~0.2 M params, 128: ~0.6 M)."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder's weights fixed."""
     gradient_checkpointing: bool = False
@@ -117,6 +119,7 @@ class ModelConfig:
 
     def __post_init__(self):
         _require_family(self.tiny_family, "tiny_family")
+        require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")
 
 
 @dataclass
@@ -363,11 +366,32 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM engine (rollout.engine: vllm; GPU machines with the vllm extra)."""
+
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory vLLM may take (the trainer needs the rest)."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine spans."""
+    max_model_len: int = 32768
+    """Longest prompt plus completion, in tokens."""
+    enforce_eager: bool = False
+    """Skip CUDA graph capture (slower decoding, faster start)."""
+
+    def __post_init__(self):
+        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+
+
+@dataclass
 class RolloutConfig:
     """How completions are sampled during training."""
 
-    engine: Literal["hf"] = "hf"
-    """Generation engine; hf runs on CPUs and GPUs (a vLLM engine is planned)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: hf (CPUs and GPUs, samples with the policy itself) or vllm
+    (GPUs, ``pip install omni-rl[vllm]``; weights copied in after each update)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """vLLM engine settings (used when engine is vllm)."""
     n: int = 8
     """Completions per prompt (the group size G)."""
     temperature: float = 1.0
@@ -521,12 +545,202 @@ class SFTConfig:
 
 
 @dataclass
+class SimEnvConfig:
+    """The batched simulation environments."""
+
+    task: str = "PushCube-v1"
+    """ManiSkill task id (PushCube-v1, PickCube-v1, ...) or PointMass-v0 (pure torch)."""
+    num_envs: int = 8
+    """Environments stepped in parallel."""
+    backend: Literal["auto", "cpu", "gpu"] = "auto"
+    """cpu: one env per process; gpu: ManiSkill's batched GPU simulation; auto: gpu when CUDA is there."""
+    obs_mode: str = "state"
+    """Observation mode (state vectors)."""
+    control_mode: str = "pd_ee_delta_pos"
+    """Controller the actions drive."""
+    max_episode_steps: int = 50
+    """Episode length; one training iteration runs one episode's worth of steps per env."""
+
+    def __post_init__(self):
+        require(self.num_envs >= 1, "num_envs", "must be >= 1")
+        require(self.max_episode_steps >= 1, "max_episode_steps", "must be >= 1")
+
+
+@dataclass
+class FlowPolicyConfig:
+    """The flow-matching action-chunk policy and how RL samples it."""
+
+    horizon: int = 4
+    """Actions per chunk (H)."""
+    executed: int = 4
+    """Actions of a chunk run before the policy is queried again (h <= H)."""
+    denoise_steps: int = 4
+    """Denoising steps K."""
+    width: int = 256
+    """Hidden width of the networks."""
+    encoder: str = "mlp"
+    """Observation encoder (registry name)."""
+    method: Literal["flow_noise", "flow_sde"] = "flow_noise"
+    """Flow-Noise (learned noise head) or Flow-SDE (ODE-to-SDE conversion)."""
+    sigma_min: float = 0.08
+    """Flow-Noise: smallest std of the noise head."""
+    sigma_max: float = 0.16
+    """Flow-Noise: largest std of the noise head."""
+    noise_level: float = 0.5
+    """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
+    sde_mode: Literal["hybrid", "chain"] = "hybrid"
+    """Flow-SDE: one random stochastic step per query (hybrid) or all steps (chain)."""
+    logprob: Literal["sum", "mean"] = "sum"
+    """A chunk's log-prob: the sum over executed actions and dims, or their mean (RLinf)."""
+
+    def __post_init__(self):
+        require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
+        require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
+        require(0 < self.sigma_min <= self.sigma_max, "sigma_min", "need 0 < sigma_min <= sigma_max")
+        require(self.noise_level > 0, "noise_level", "must be > 0")
+
+
+@dataclass
+class PPOConfig:
+    """PPO over action chunks (or the critic-free GRPO variant)."""
+
+    gamma: float = 0.99
+    """Discount per chunk."""
+    lam: float = 0.95
+    """GAE lambda."""
+    clip_low: float = 0.2
+    """Lower ratio clip (1 - clip_low)."""
+    clip_high: float = 0.28
+    """Upper ratio clip (1 + clip_high)."""
+    ratio: Literal["chunk", "element"] = "chunk"
+    """One ratio per chunk, or one per action element."""
+    value_clip: float | None = 0.2
+    """Keep the new value within this of the old one in the loss (None: off)."""
+    huber_delta: float = 10.0
+    """Huber loss threshold of the value loss."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    normalize_advantages: bool = True
+    """Zero-mean, unit-std advantages per mini-batch."""
+    actor_lr: float = 3e-4
+    """Learning rate of the encoder, velocity and noise networks."""
+    critic_lr: float = 1e-3
+    """Learning rate of the value head."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip (0: off)."""
+    epochs: int = 4
+    """Passes over each rollout batch."""
+    minibatches: int = 4
+    """Mini-batches per pass."""
+    critic_free: bool = False
+    """GRPO variant: groups of episodes from one initial state, advantage = normalized return."""
+    group_size: int = 4
+    """Critic-free: episodes per initial state (num_envs must be a multiple)."""
+
+    def __post_init__(self):
+        require(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        require(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+        require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
+        require(self.group_size >= 2, "group_size", "must be >= 2")
+
+
+@dataclass
+class FlowTrainerConfig:
+    """The outer loop of flow-policy RL."""
+
+    iterations: int = 100
+    """Rollout-and-update iterations (each: one episode's worth of steps in every env)."""
+    eval_every: int = 10
+    """Evaluate success on held-out seeds every this many iterations (0: only at the end)."""
+    eval_episodes: int = 50
+    """Held-out episodes per evaluation."""
+    eval_seed: int = 1_000_000
+    """First held-out seed (training never uses seeds this high)."""
+    save_every: int = 0
+    """Checkpoint every this many iterations (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+
+    def __post_init__(self):
+        require(self.iterations >= 1, "iterations", "must be >= 1")
+        require(self.eval_episodes >= 1, "eval_episodes", "must be >= 1")
+
+
+@dataclass
+class BCConfig:
+    """Behaviour cloning from demonstrations before RL (the warm start)."""
+
+    demos: str | None = None
+    """Demonstrations file (omni-rl sim collect-demos); unset: no warm start."""
+    episodes: int | None = None
+    """Use only the first this many demo episodes (few-shot SFT); unset: all."""
+    steps: int = 1000
+    """Optimizer steps."""
+    lr: float = 1e-3
+    """Learning rate."""
+    batch_size: int = 256
+    """Chunks per step."""
+
+
+@RECIPE_CONFIGS.register("flow_ppo")
+@dataclass
+class FlowPPOConfig:
+    """``omni-rl train``: behaviour cloning, then Flow-Noise / Flow-SDE PPO in simulation."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="flow_ppo", output_dir="runs/flow_ppo"))
+    """Output directory, seed and hardware."""
+    env: SimEnvConfig = field(default_factory=SimEnvConfig)
+    """The environments."""
+    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
+    """The policy."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """The update."""
+    trainer: FlowTrainerConfig = field(default_factory=FlowTrainerConfig)
+    """The loop."""
+    bc: BCConfig = field(default_factory=BCConfig)
+    """The warm start."""
+
+    def __post_init__(self):
+        if self.ppo.critic_free and self.env.num_envs % self.ppo.group_size:
+            raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")
+
+
+@RECIPE_CONFIGS.register("quickstart_sim")
+@dataclass
+class QuickstartSimConfig:
+    """``omni-rl quickstart --sim``: scripted demos, behaviour cloning to a partial start,
+    Flow-Noise PPO on CPU ManiSkill envs, held-out success before and after."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(name="quickstart_sim", output_dir="runs/quickstart_sim", threads=2)
+    )
+    """Output directory, seed and hardware."""
+    demo_episodes: int = 10
+    """Expert episodes collected for the warm start (from seeds the evaluation never uses)."""
+    env: SimEnvConfig = field(default_factory=lambda: SimEnvConfig(task="PushCube-v1", num_envs=8, backend="cpu"))
+    """The environments."""
+    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
+    """The policy."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """The update."""
+    trainer: FlowTrainerConfig = field(default_factory=lambda: FlowTrainerConfig(iterations=150, eval_every=0))
+    """The loop (held-out success is measured on ``eval_episodes`` seeds)."""
+    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=1000))
+    """Behaviour cloning (its ``demos`` is the collected file)."""
+
+    def __post_init__(self):
+        require(self.demo_episodes >= 1, "demo_episodes", "must be >= 1")
+
+
+@dataclass
 class QuickstartData:
     """The synthetic video-QA set of the quickstart."""
 
-    train_videos: int = 48
+    train_videos: int = 200
     """Training scenes (4 questions each)."""
-    heldout_videos: int = 24
+    heldout_videos: int = 50
     """Held-out scenes, never trained on."""
     seconds: float = 2.0
     """Clip length."""
@@ -542,6 +756,9 @@ class QuickstartData:
     """Control run: the same questions over empty frames (accuracy should stay near chance)."""
     shuffle_options: bool = False
     """Shuffle multiple-choice options; off, the letter is the class (learnable by a tiny model)."""
+    uniform_scenes: bool = True
+    """Shapes of one colour moving one way (questions about all of them, the whole
+    palette as colour options); off, each shape has its own colour and direction."""
     prompt_template: str = "{problem}{options}"
     """How rows become questions."""
 
@@ -551,10 +768,22 @@ class QuickstartData:
 
 
 @dataclass
+class QuickstartModel:
+    """The tiny model the quickstart builds (its family is ``media.family``)."""
+
+    width: int = 128
+    """Decoder width (128: about 0.6 M params, which learns the colour question in
+    a few hundred steps; 64 barely sees the video)."""
+
+    def __post_init__(self):
+        require(self.width >= 32 and self.width % 32 == 0, "width", "must be a multiple of 32")
+
+
+@dataclass
 class QuickstartSFT:
     """The SFT cold start."""
 
-    steps: int = 150
+    steps: int = 300
     """Optimizer steps."""
     lr: float = 2e-3
     """Learning rate."""
@@ -566,13 +795,13 @@ class QuickstartSFT:
 class QuickstartGRPO:
     """The GRPO phase."""
 
-    steps: int = 60
+    steps: int = 600
     """Optimizer steps."""
-    lr: float = 5e-4
-    """Learning rate."""
+    lr: float = 2e-4
+    """Learning rate (higher rates collapse the tiny model to empty answers)."""
     n: int = 8
     """Completions per prompt."""
-    prompts_per_step: int = 4
+    prompts_per_step: int = 8
     """Prompts per step."""
     max_new_tokens: int = 40
     """Longest completion (the tiny tokenizer spends one token per byte)."""
@@ -580,8 +809,8 @@ class QuickstartGRPO:
     """Sampling temperature."""
     advantage: str = "grpo"
     """Advantage estimator."""
-    dynamic_sampling: bool = True
-    """Replace groups whose rewards are all equal."""
+    dynamic_sampling: bool = False
+    """Replace groups whose rewards are all equal (costs extra rollout rounds)."""
 
 
 @RECIPE_CONFIGS.register("quickstart")
@@ -599,6 +828,8 @@ class QuickstartConfig:
     """Frame sampling and budgets (small, for a CPU)."""
     data: QuickstartData = field(default_factory=QuickstartData)
     """The synthetic set."""
+    model: QuickstartModel = field(default_factory=QuickstartModel)
+    """The tiny model."""
     sft: QuickstartSFT = field(default_factory=QuickstartSFT)
     """The cold start."""
     grpo: QuickstartGRPO = field(default_factory=QuickstartGRPO)

@@ -16,6 +16,13 @@ DEFAULT_KEYS = (
     "response/length_mean",
     "optim/grad_norm",
     "time/step",
+    "env/success_once",
+    "env/return",
+    "eval/success",
+    "train/policy_loss",
+    "train/value_loss",
+    "policy/noise_std",
+    "throughput/env_steps_per_s",
 )
 
 

@@ -26,7 +26,9 @@ COLORS = {
     "white": (245, 245, 245),
     "magenta": (220, 50, 220),
 }
-BACKGROUND = (20, 20, 40)
+# Close to the CLIP normalization mean the Qwen processors subtract, so a background
+# patch normalizes to about zero and the shapes carry the visual signal.
+BACKGROUND = (122, 116, 104)
 LETTERS = "ABCDEFGH"
 
 
@@ -72,16 +74,19 @@ def render(objects: list[MovingObject], seconds: float, fps: int, width: int, he
 
 
 def random_scene(
-    rng: np.random.Generator, seconds: float, width: int, height: int, max_objects: int = 3
+    rng: np.random.Generator, seconds: float, width: int, height: int, max_objects: int = 3, uniform: bool = False
 ) -> list[MovingObject]:
-    """1..max_objects shapes of distinct colours; the first is there from the start,
-    the others enter during the first half of the clip. Every object stays in frame."""
+    """1..max_objects shapes of distinct colours, each moving its own way; with
+    ``uniform``, shapes of one colour all moving the same way. The first is there from
+    the start, the others enter during the first half of the clip. Every object stays
+    in frame."""
     count = int(rng.integers(1, max_objects + 1))
-    colors = rng.choice(list(COLORS), size=count, replace=False)
-    size = max(6, min(width, height) // 6)
+    colors = [str(rng.choice(list(COLORS)))] * count if uniform else rng.choice(list(COLORS), count, replace=False)
+    directions = [str(rng.choice(list(DIRECTIONS)))] * count if uniform else rng.choice(list(DIRECTIONS), count)
+    size = max(6, min(width, height) // 4)
     objects = []
-    for i, color in enumerate(colors):
-        direction = str(rng.choice(list(DIRECTIONS)))
+    for i, (color, direction) in enumerate(zip(colors, directions, strict=True)):
+        direction = str(direction)
         dx, dy = DIRECTIONS[direction]
         travel = (width if dx else height) * 0.4
         # start where the whole path stays inside the frame
@@ -106,16 +111,32 @@ def _choice_row(question: str, options: list[str], answer: str, rng: np.random.G
 
 
 def scene_rows(
-    video: str, objects: list[MovingObject], seconds: float, rng: np.random.Generator, shuffle_options: bool = True
+    video: str,
+    objects: list[MovingObject],
+    seconds: float,
+    rng: np.random.Generator,
+    shuffle_options: bool = True,
+    uniform: bool = False,
 ) -> list[dict]:
-    """The four questions about one scene, as dataset rows (without ids)."""
+    """The four questions about one scene, as dataset rows (without ids); ``uniform``
+    scenes (see ``random_scene``) are asked about all their shapes at once."""
+    questions = _uniform_questions if uniform else _varied_questions
+    rows = questions(objects, seconds, rng, shuffle_options)
+    for row in rows:
+        row["videos"] = [video]
+        row["data_source"] = "synthetic_shapes"
+    return rows
+
+
+def _varied_questions(objects, seconds, rng, shuffle_options) -> list[dict]:
+    """Questions about one named shape of a scene whose shapes differ."""
     target = objects[int(rng.integers(len(objects)))]
     present = {o.color for o in objects}
     absent = [c for c in COLORS if c not in present]
     appear = str(rng.choice(sorted(present)))
     late = [o for o in objects if o.enter > 0] or objects
     entering = late[int(rng.integers(len(late)))]
-    rows = [
+    return [
         {
             "problem_type": "multiple_choice",
             **_choice_row(
@@ -145,10 +166,28 @@ def scene_rows(
             "answer": [entering.enter, seconds],
         },
     ]
-    for row in rows:
-        row["videos"] = [video]
-        row["data_source"] = "synthetic_shapes"
-    return rows
+
+
+def _uniform_questions(objects, seconds, rng, shuffle_options) -> list[dict]:
+    """Questions about a scene whose shapes share one colour and one direction: the
+    options are the whole palette and all four directions."""
+    first = objects[0]
+    return [
+        {
+            "problem_type": "multiple_choice",
+            **_choice_row("Which way do the shapes move?", list(DIRECTIONS), first.direction, rng, shuffle_options),
+        },
+        {"problem_type": "counting", "problem": "How many shapes appear in the video?", "answer": len(objects)},
+        {
+            "problem_type": "multiple_choice",
+            **_choice_row("What colour are the shapes?", list(COLORS), first.color, rng, shuffle_options),
+        },
+        {
+            "problem_type": "temporal_grounding",
+            "problem": "When is the last shape to appear visible? Answer with start and end seconds.",
+            "answer": [max(o.enter for o in objects), seconds],
+        },
+    ]
 
 
 def write_video_qa(
@@ -163,6 +202,7 @@ def write_video_qa(
     images: int = 0,
     blank: bool = False,
     shuffle_options: bool = True,
+    uniform: bool = False,
 ) -> Path:
     """Render ``videos`` scenes (plus ``tones`` WAVs and ``images`` PNGs) under ``out``
     and write ``out/data.jsonl`` (4 rows per video, 1 per tone and image) and
@@ -171,18 +211,20 @@ def write_video_qa(
     ``blank`` writes the same rows over videos of the empty background: a control
     showing how much of a model's accuracy needs the pixels. ``shuffle_options=False``
     keeps multiple-choice options in a fixed order (the letter is the class), a task a
-    tiny model can learn without matching answers to option text.
+    tiny model can learn without matching answers to option text. ``uniform`` scenes
+    have shapes of one colour moving one way, asked about with the whole palette and
+    all four directions as options.
     """
     out = Path(out)
     rng = np.random.default_rng(seed)
     rows, truth = [], []
     for i in range(videos):
-        objects = random_scene(rng, seconds, width, height)
+        objects = random_scene(rng, seconds, width, height, uniform=uniform)
         name = f"media/scene_{i:05d}.mp4"
         write_video(out / name, render([] if blank else objects, seconds, fps, width, height), fps)
         for kind, row in zip(
             ("direction", "count", "colour", "enter"),
-            scene_rows(name, objects, seconds, rng, shuffle_options),
+            scene_rows(name, objects, seconds, rng, shuffle_options, uniform),
             strict=True,
         ):
             rows.append({"id": f"scene{i:05d}-{kind}", **row})

@@ -243,3 +243,30 @@ def test_gradient_checkpointing_and_frozen_vision_tower(tmp_path, shapes):
     )
     final = grpo.train(load_config(config))
     assert final["step"] == 1 and "loss/policy" in final
+
+
+def test_image_and_video_rows_train_together_under_their_own_budgets(tmp_path):
+    data = write_video_qa(tmp_path / "mixed", videos=2, images=4, seed=2, seconds=2.0)
+    kinds = {json.loads(line)["data_source"] for line in data.read_text().splitlines()}
+    assert kinds == {"synthetic_shapes", "synthetic_images"}
+    cfg = load_config(
+        tiny_config(
+            tmp_path,
+            data,
+            rollout={"n": 2, "max_new_tokens": 8},
+            media={"image_max_pixels": 4 * 784, "video_max_pixels": 8 * 784},
+            trainer={"steps": 3, "save_every": 0},
+        )
+    )
+    grpo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    seen = {key.split("/")[-1] for row in rows for key in row if key.startswith("reward/source/")}
+    assert seen == {"synthetic_shapes", "synthetic_images"}, seen
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.preprocess.pipeline import Budgets
+
+    dataset = MediaDataset(data, Budgets.from_config(cfg.media), cache_mode="no_cache")
+    image = next(dataset[i] for i in range(len(dataset)) if dataset[i].images)
+    video = next(dataset[i] for i in range(len(dataset)) if dataset[i].videos)
+    assert image.images[0].shape[0] * image.images[0].shape[1] <= 4 * 784
+    assert video.videos[0].frames.shape[2] * video.videos[0].frames.shape[3] <= 8 * 784

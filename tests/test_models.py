@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from omni_rl.errors import OmniRLError
 from omni_rl.models import FAMILIES, build_tiny, family_of, load, placeholder_token_ids
 from omni_rl.models.inputs import IGNORE_INDEX, append_completion, encode_prompts
 from omni_rl.preprocess.image import ImageBudget, read_image
@@ -107,6 +108,18 @@ def test_build_is_seeded_and_deterministic(tmp_path):
     weights = [(d / "model.safetensors").read_bytes() for d in (a, b, c)]
     assert weights[0] == weights[1]
     assert weights[0] != weights[2]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tiny_width_scales_every_family(family, tmp_path):
+    model, _ = load(build_tiny(family, tmp_path / "w", width=128))
+    wide = sum(p.numel() for p in model.parameters())
+    model, _ = load(build_tiny(family, tmp_path / "n", width=64))
+    assert wide > 2 * sum(p.numel() for p in model.parameters())
+    text = model.config.get_text_config()
+    assert text.hidden_size == 64 and text.num_attention_heads * 16 == 64
+    with pytest.raises(OmniRLError, match="multiple of 32"):
+        build_tiny(family, tmp_path / "bad", width=48)
 
 
 def test_qwen2_5_vl_uses_mm_token_type_ids_for_3d_positions(tiny_checkpoint, media_dir):

@@ -56,16 +56,19 @@ def load(
     return model.to(device).eval(), processor
 
 
-def build_tiny(family: str, out: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-init checkpoint of ``family`` (model, processor, tokenizer).
+def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64) -> Path:
+    """Write a tiny random-init checkpoint of ``family`` (model, processor, tokenizer)
+    with a ``width``-wide decoder (64: about 0.2 M params; 128: about 0.6 M).
 
     The same ``seed`` gives the same weights, byte for byte.
     """
+    if width < 32 or width % 32:
+        raise OmniRLError(f"tiny model width {width}: must be a multiple of 32")
     spec = FAMILIES.get(family)
     tokenizer = build_tokenizer(spec.tokens)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = spec.model_cls()(spec.tiny_config(tokenizer))
+        model = spec.model_cls()(spec.tiny_config(tokenizer, width))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

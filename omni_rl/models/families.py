@@ -34,7 +34,8 @@ class Family:
         modalities: media the family takes besides text (``image``, ``video``, ``audio``).
         patch_size: the vision encoder's spatial patch (0 for audio-only families).
         tokens: special tokens and prompt markup of the offline tokenizer.
-        tiny_config: ``(tokenizer) -> config`` for a random-init model of <= 2 M params.
+        tiny_config: ``(tokenizer, width) -> config`` for a random-init model whose
+            decoder is ``width`` wide (a multiple of 32; 64 gives about 0.2 M params).
         tiny_processor: ``(tokenizer) -> processor`` with budgets sized for CPU tests.
     """
 
@@ -43,7 +44,7 @@ class Family:
     modalities: tuple[str, ...]
     patch_size: int
     tokens: TokenSpec
-    tiny_config: Callable[[Qwen2Tokenizer], PretrainedConfig]
+    tiny_config: Callable[[Qwen2Tokenizer, int], PretrainedConfig]
     tiny_processor: Callable[[Qwen2Tokenizer], ProcessorMixin]
 
     def model_cls(self) -> type:
@@ -58,15 +59,15 @@ def _ids(tokenizer: Qwen2Tokenizer, **tokens: str) -> dict[str, int]:
     return {key: tokenizer.convert_tokens_to_ids(token) for key, token in tokens.items()}
 
 
-def _text_config(tokenizer: Qwen2Tokenizer, **extra) -> dict:
-    """A 2-layer decoder, 64 wide, head_dim 16, with multimodal RoPE sections (2+3+3=8)."""
+def _text_config(tokenizer: Qwen2Tokenizer, width: int, **extra) -> dict:
+    """A 2-layer decoder ``width`` wide, head_dim 16, with multimodal RoPE sections (2+3+3=8)."""
     return {
         "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": width,
+        "intermediate_size": 2 * width,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_attention_heads": width // 16,
+        "num_key_value_heads": width // 32,
         "max_position_embeddings": 4096,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
         "bos_token_id": tokenizer.pad_token_id,
@@ -89,17 +90,17 @@ def _audio_encoder_config(**extra) -> dict:
     }
 
 
-def _vision_encoder_config(patch_size: int = 14, **extra) -> dict:
-    """A 2-block ViT, 32 wide, projecting to the 64-wide decoder."""
+def _vision_encoder_config(width: int, patch_size: int = 14, **extra) -> dict:
+    """A 2-block ViT half as wide as the ``width``-wide decoder it projects to."""
     return {
         "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
+        "hidden_size": width // 2,
+        "intermediate_size": width,
+        "num_heads": width // 32,
         "patch_size": patch_size,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
-        "out_hidden_size": 64,
+        "out_hidden_size": width,
         **extra,
     }
 
@@ -160,14 +161,14 @@ FAMILIES.register("qwen2_vl")(
         modalities=("image", "video"),
         patch_size=14,
         tokens=VL_TOKENS,
-        tiny_config=lambda tok: transformers.Qwen2VLConfig(
-            text_config=_text_config(tok),
+        tiny_config=lambda tok, width: transformers.Qwen2VLConfig(
+            text_config=_text_config(tok, width),
             vision_config={
                 "depth": 2,
-                "embed_dim": 32,
-                "hidden_size": 64,
+                "embed_dim": width // 2,
+                "hidden_size": width,
                 "mlp_ratio": 2,
-                "num_heads": 2,
+                "num_heads": width // 32,
                 "patch_size": 14,
                 "spatial_merge_size": 2,
                 "temporal_patch_size": 2,
@@ -185,9 +186,9 @@ FAMILIES.register("qwen2_5_vl")(
         modalities=("image", "video"),
         patch_size=14,
         tokens=VL_TOKENS,
-        tiny_config=lambda tok: transformers.Qwen2_5_VLConfig(
-            text_config=_text_config(tok),
-            vision_config=_vision_encoder_config(window_size=112, fullatt_block_indexes=[1]),
+        tiny_config=lambda tok, width: transformers.Qwen2_5_VLConfig(
+            text_config=_text_config(tok, width),
+            vision_config=_vision_encoder_config(width, window_size=112, fullatt_block_indexes=[1]),
             **_vl_ids(tok),
         ),
         tiny_processor=_qwen_vl_processor("Qwen2_5_VLProcessor", 14, "Qwen2VLVideoProcessor"),
@@ -201,9 +202,10 @@ FAMILIES.register("qwen3_vl")(
         modalities=("image", "video"),
         patch_size=16,
         tokens=VL_TOKENS,
-        tiny_config=lambda tok: transformers.Qwen3VLConfig(
+        tiny_config=lambda tok, width: transformers.Qwen3VLConfig(
             text_config=_text_config(
                 tok,
+                width,
                 head_dim=16,
                 rope_parameters={
                     "rope_type": "default",
@@ -213,7 +215,7 @@ FAMILIES.register("qwen3_vl")(
                 },
             ),
             vision_config=_vision_encoder_config(
-                patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]
+                width, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]
             ),
             **_vl_ids(tok),
         ),
@@ -235,9 +237,9 @@ FAMILIES.register("qwen2_audio")(
         modalities=("audio",),
         patch_size=0,
         tokens=AUDIO_TOKENS,
-        tiny_config=lambda tok: transformers.Qwen2AudioConfig(
+        tiny_config=lambda tok, width: transformers.Qwen2AudioConfig(
             audio_config=_audio_encoder_config(),
-            text_config={"model_type": "qwen2", **_text_config(tok, rope_parameters=None)},
+            text_config={"model_type": "qwen2", **_text_config(tok, width, rope_parameters=None)},
             audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"),
         ),
         tiny_processor=lambda tok: transformers.Qwen2AudioProcessor(
@@ -277,7 +279,7 @@ OMNI_TOKENS = TokenSpec(
 )
 
 
-def _omni_thinker_config(tok: Qwen2Tokenizer) -> PretrainedConfig:
+def _omni_thinker_config(tok: Qwen2Tokenizer, width: int) -> PretrainedConfig:
     ids = _ids(
         tok,
         audio_token_index="<|AUDIO|>",
@@ -289,9 +291,9 @@ def _omni_thinker_config(tok: Qwen2Tokenizer) -> PretrainedConfig:
         vision_end_token_id="<|vision_eos|>",
     )
     return transformers.Qwen2_5OmniThinkerConfig(
-        audio_config=_audio_encoder_config(n_window=50, output_dim=64),
-        vision_config=_vision_encoder_config(window_size=112, fullatt_block_indexes=[1]),
-        text_config=_text_config(tok),
+        audio_config=_audio_encoder_config(n_window=50, output_dim=width),
+        vision_config=_vision_encoder_config(width, window_size=112, fullatt_block_indexes=[1]),
+        text_config=_text_config(tok, width),
         user_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
         **ids,
     )

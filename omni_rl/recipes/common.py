@@ -45,7 +45,7 @@ def setup_model(cfg, out: Path, resume_from: Path | None, with_reference: bool =
     dtype = resolve_dtype(cfg.run.dtype, device)
     base = Path(cfg.model.path) if cfg.model.path else out / "tiny_model"
     if not cfg.model.path and not (base / "config.json").is_file():
-        build_tiny(cfg.model.tiny_family, base, seed=cfg.run.seed)
+        build_tiny(cfg.model.tiny_family, base, seed=cfg.run.seed, width=cfg.model.tiny_width)
     lora = cfg.model.lora
     source = resume_from / "model" if resume_from is not None and lora is None else base
     model, processor = load(source, device=device, dtype=dtype)

@@ -9,6 +9,7 @@ log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -33,7 +34,8 @@ from omni_rl.recipes.common import (
 )
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
-from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams, concat_rollouts, select_groups
+from omni_rl.rollout import build_engine
+from omni_rl.rollout.hf import SamplingParams, concat_rollouts, select_groups
 
 MAX_BAD_STEPS = 3
 
@@ -85,7 +87,7 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ski
         rounds += 1
         with timer("rollout"):
             drawn = _draw(dataset, sampler, want - len(samples), processor, cfg.rollout.max_prompt_length, skipped)
-            rollouts = engine.generate(collate_prompts(drawn.encoded, pad), n, sampling)
+            rollouts = engine.rollout(drawn.samples, drawn.encoded, n, sampling)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
             reward = torch.tensor([r.score for r in scored])
@@ -210,7 +212,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     model, processor, reference = setup_model(cfg, out, resume_from, with_reference=cfg.algorithm.kl_coef > 0)
     dataset, sampler = setup_data(cfg)
     optimizer, scheduler = setup_optimizer(cfg, model)
-    engine = HFRolloutEngine(model, processor)
+    engine = build_engine(cfg, model, processor, Path(cfg.model.path) if cfg.model.path else out / "tiny_model")
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     start_step, bad_steps = resume_state(resume_from, optimizer, scheduler, sampler), 0
@@ -236,6 +238,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
             update = _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, pad, cfg)
+            engine.load_weights(model)
         bad_steps = bad_steps + 1 if update.get("skipped_nan") else 0
         if bad_steps >= MAX_BAD_STEPS:
             raise OmniRLError(

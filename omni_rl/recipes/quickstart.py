@@ -56,6 +56,7 @@ def main(cfg: QuickstartConfig) -> dict:
         d.height,
         blank=d.blank_frames,
         shuffle_options=d.shuffle_options,
+        uniform=d.uniform_scenes,
     )
     heldout = write_video_qa(
         out / "data" / "heldout",
@@ -67,13 +68,14 @@ def main(cfg: QuickstartConfig) -> dict:
         d.height,
         blank=d.blank_frames,
         shuffle_options=d.shuffle_options,
+        uniform=d.uniform_scenes,
     )
     sft_rows = _split(train, d.sft_fraction, train.parent / "sft.jsonl")
     budgets = Budgets.from_config(cfg.media)
     for data in (train, heldout):
         preprocess(data, out / "cache", budgets, workers=1, progress=False)
     shared = {
-        "model": {"tiny_family": cfg.media.family},
+        "model": {"tiny_family": cfg.media.family, "tiny_width": cfg.model.width},
         "media": to_dict(cfg.media),
         "run": {**to_dict(cfg.run), "output_dir": ""},
     }

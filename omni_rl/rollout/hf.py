@@ -26,6 +26,7 @@ from transformers import (
 
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import TOKEN_ALIGNED, prefix_inputs, repeat_rope_deltas, reset_rope_deltas
+from omni_rl.models.inputs import collate_prompts
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,11 @@ class HFRolloutEngine:
 
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
         """Nothing to copy: this engine samples with the training model's own weights."""
+
+    def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams) -> Rollouts:
+        """G = ``n`` completions for each prompt; ``encoded`` holds the samples' processor
+        inputs (``samples`` itself is not needed here)."""
+        return self.generate(collate_prompts(encoded, self.pad_id), n, sampling)
 
     def _processors(self, sampling: SamplingParams, recorder: _RecordLogprobs) -> LogitsProcessorList:
         processors: list[LogitsProcessor] = [SuppressTokensLogitsProcessor(self.banned, device=self.model.device)]
