@@ -4,16 +4,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.omni-rl-setup
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test lint demo demo-sim clean
 
 setup: $(STAMP)
 
-# Re-runs only when pyproject.toml changes (or .venv is gone): a second `make setup`
-# takes well under a second.
-$(STAMP): pyproject.toml
+# Re-runs only when pyproject.toml or the Vulkan script changes (or .venv is gone): a
+# second `make setup` takes well under a second. tools/setup_vulkan.sh gives SAPIEN a CPU
+# Vulkan driver in .vulkan/ on machines without a GPU driver.
+$(STAMP): pyproject.toml tools/setup_vulkan.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,sim]"
+	tools/setup_vulkan.sh
 	@touch $(STAMP)
 
 lint: setup
@@ -26,5 +28,9 @@ test: setup lint
 demo: setup
 	$(BIN)/omni-rl quickstart
 
+# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs).
+demo-sim: setup
+	$(BIN)/omni-rl quickstart --sim
+
 clean:
-	rm -rf $(VENV) runs build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .vulkan runs build dist *.egg-info .pytest_cache .ruff_cache

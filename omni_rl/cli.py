@@ -89,12 +89,13 @@ def _config_show(args: argparse.Namespace) -> int:
     arg("--family", required=True, help="model_type, e.g. qwen2_5_vl"),
     arg("--out", required=True, metavar="DIR", help="output directory"),
     arg("--seed", type=int, default=0, help="initialization seed"),
+    arg("--width", type=int, default=64, help="decoder width, a multiple of 32 (64: ~0.2 M params)"),
 )
 def _tiny_model(args: argparse.Namespace) -> int:
     from omni_rl.models import FAMILIES, build_tiny
 
     FAMILIES.canonical(args.family)  # unknown family: a one-line error listing the known ones
-    out = build_tiny(args.family, args.out, seed=args.seed)
+    out = build_tiny(args.family, args.out, seed=args.seed, width=args.width)
     print(f"wrote tiny {args.family} to {out}")
     return 0
 
@@ -130,12 +131,16 @@ def _budgets(config: str | None, overrides: list[str]):
 
 
 # recipe name -> "module:function(cfg, resume)"; modules import only when run
-RECIPE_RUNNERS = {"grpo": "omni_rl.recipes.grpo:train", "sft": "omni_rl.recipes.sft:train"}
+RECIPE_RUNNERS = {
+    "grpo": "omni_rl.recipes.grpo:train",
+    "sft": "omni_rl.recipes.sft:train",
+    "flow_ppo": "omni_rl.recipes.flow_ppo:train",
+}
 
 
 @command(
     "train",
-    "run a training recipe from a config (recipe: grpo or sft)",
+    "run a training recipe from a config (recipe: grpo, sft or flow_ppo)",
     arg("config", metavar="CONFIG"),
     arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
     OVERRIDE,
@@ -161,17 +166,29 @@ def _train(args: argparse.Namespace) -> int:
 
 @command(
     "quickstart",
-    "tiny VLM on synthetic video QA: data, cache, SFT, eval, GRPO, eval (CPU, minutes)",
+    "tiny VLM on synthetic video QA: data, cache, SFT, eval, GRPO, eval (CPU, minutes); "
+    "--sim: a flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO, eval",
+    arg("--sim", action="store_true", help="run the simulation quickstart instead"),
     arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
     OVERRIDE,
 )
 def _quickstart(args: argparse.Namespace) -> int:
     import json
 
-    from omni_rl.config import load_config
-    from omni_rl.recipes import quickstart
+    from omni_rl.config import load_config, recipe_name
 
-    summary = quickstart.main(load_config(args.config, args.overrides, recipe="quickstart"))
+    expected = "quickstart_sim" if args.sim else "quickstart"
+    cfg = load_config(args.config, args.overrides, recipe=expected)
+    if recipe_name(cfg) != expected:
+        raise OmniRLError(f"{args.config}: recipe '{recipe_name(cfg)}' is not '{expected}'")
+    if args.sim:
+        from omni_rl.recipes import quickstart_sim
+
+        summary = quickstart_sim.main(cfg)
+    else:
+        from omni_rl.recipes import quickstart
+
+        summary = quickstart.main(cfg)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -329,6 +346,29 @@ def _rewards_score(args: argparse.Namespace) -> int:
         answer = args.answer
     result = score(args.problem_type, args.response, answer, options=args.options)
     print(json.dumps(asdict(result), indent=2, ensure_ascii=False))
+    return 0
+
+
+@command(
+    "sim collect-demos",
+    "record scripted-expert episodes of a ManiSkill task into a safetensors file",
+    arg("--task", required=True, help="a task with a scripted expert: PushCube-v1 or PickCube-v1"),
+    arg("--episodes", required=True, type=int, metavar="N", help="episodes to record"),
+    arg("--out", required=True, metavar="FILE", help="output .safetensors file"),
+    arg("--seed", type=int, default=0, help="env i's first episode is seeded SEED + i"),
+    arg("--num-envs", type=int, default=2, metavar="K", help="envs stepped together (CPU: one process each)"),
+    arg("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="simulator backend (auto: gpu with CUDA)"),
+)
+def _sim_collect_demos(args: argparse.Namespace) -> int:
+    from omni_rl.runtime import set_threads
+    from omni_rl.sim.experts import collect_demos
+
+    set_threads()
+    demos = collect_demos(
+        args.task, args.episodes, args.out, args.seed, args.num_envs, backend=args.backend, progress=True
+    )
+    rate = demos.meta["success_rate"]
+    print(f"wrote {args.episodes} episodes ({len(demos.obs)} steps, success rate {rate:.2f}) to {args.out}")
     return 0
 
 

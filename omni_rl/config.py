@@ -560,6 +560,9 @@ class SimEnvConfig:
     """Controller the actions drive."""
     max_episode_steps: int = 50
     """Episode length; one training iteration runs one episode's worth of steps per env."""
+    ignore_terminations: bool = True
+    """Run episodes to the time limit even after success (judged by success_once): with a
+    dense reward, ending the episode on success would pay less than hovering near it."""
 
     def __post_init__(self):
         require(self.num_envs >= 1, "num_envs", "must be >= 1")
@@ -717,17 +720,19 @@ class QuickstartSimConfig:
         default_factory=lambda: RunConfig(name="quickstart_sim", output_dir="runs/quickstart_sim", threads=2)
     )
     """Output directory, seed and hardware."""
-    demo_episodes: int = 10
+    demo_episodes: int = 5
     """Expert episodes collected for the warm start (from seeds the evaluation never uses)."""
     env: SimEnvConfig = field(default_factory=lambda: SimEnvConfig(task="PushCube-v1", num_envs=8, backend="cpu"))
     """The environments."""
-    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
-    """The policy."""
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    """The update."""
-    trainer: FlowTrainerConfig = field(default_factory=lambda: FlowTrainerConfig(iterations=150, eval_every=0))
+    policy: FlowPolicyConfig = field(default_factory=lambda: FlowPolicyConfig(logprob="mean"))
+    """The policy (log-probs averaged per element keep the chunk ratio near 1)."""
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(actor_lr=5e-5))
+    """The update (a small actor rate keeps the cloned policy from drifting)."""
+    trainer: FlowTrainerConfig = field(
+        default_factory=lambda: FlowTrainerConfig(iterations=300, eval_every=50, eval_episodes=100)
+    )
     """The loop (held-out success is measured on ``eval_episodes`` seeds)."""
-    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=1000))
+    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=500))
     """Behaviour cloning (its ``demos`` is the collected file)."""
 
     def __post_init__(self):

@@ -1,1 +1,70 @@
-"""Simulation environments for robot-policy RL (imported as ``omni_rl.sim``)."""
+"""Simulation environments for robot-policy RL (imported as ``omni_rl.sim``).
+
+:func:`make_vec_env` builds any of them behind the :class:`~omni_rl.sim.base.VecEnv`
+contract. Simulators import lazily: importing this package loads neither ManiSkill nor
+SAPIEN.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_rl.sim.base import VecEnv
+
+POINT_MASS = "PointMass-v0"
+
+
+def make_vec_env(
+    task: str,
+    num_envs: int,
+    backend: str = "auto",
+    seed: int = 0,
+    max_episode_steps: int | None = None,
+    ignore_terminations: bool = False,
+    **maniskill_options,
+) -> VecEnv:
+    """N envs of ``task`` stepped together.
+
+    Args:
+        task: ``PointMass-v0`` (a small batched torch env for fast algorithm tests) or a
+            ManiSkill env id such as ``PushCube-v1`` or ``PickCube-v1``.
+        num_envs: N.
+        backend: ``auto``, ``cpu`` or ``gpu``: where the envs run (``auto``: on CUDA when
+            available).
+        seed: env i's first episode is seeded ``seed + i``.
+        max_episode_steps: time limit; default: the task's own.
+        ignore_terminations: end episodes only at the time limit, also after success.
+        **maniskill_options: ``obs_mode`` and ``control_mode`` of a ManiSkill task (see
+            :func:`omni_rl.sim.maniskill.make_maniskill_env`).
+    """
+    if task == POINT_MASS:
+        return _point_mass(num_envs, backend, seed, max_episode_steps, ignore_terminations, maniskill_options)
+    from omni_rl.sim.maniskill import make_maniskill_env
+
+    return make_maniskill_env(
+        task,
+        num_envs,
+        backend=backend,
+        seed=seed,
+        max_episode_steps=max_episode_steps,
+        ignore_terminations=ignore_terminations,
+        **maniskill_options,
+    )
+
+
+def _point_mass(
+    num_envs: int, backend: str, seed: int, max_episode_steps: int | None, ignore_terminations: bool, options: dict
+) -> VecEnv:
+    from omni_rl.errors import OmniRLError
+    from omni_rl.runtime import resolve_device
+    from omni_rl.sim.point_mass import PointMassEnv
+
+    # the flow recipe passes a ManiSkill env section through unchanged; PointMass has no
+    # observation or control modes to choose
+    unknown = sorted(set(options) - {"obs_mode", "control_mode"})
+    if unknown:
+        raise OmniRLError(f"{POINT_MASS}: unexpected options {', '.join(unknown)}")
+    device = resolve_device({"gpu": "cuda"}.get(backend, backend))
+    steps = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    return PointMassEnv(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps)

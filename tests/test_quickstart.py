@@ -33,3 +33,25 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()
     assert "held-out after RL" in capsys.readouterr().out
+
+
+def test_sim_quickstart_small_run(tmp_path, capsys):
+    args = ["quickstart", "--sim", "--set", f"run.output_dir={tmp_path}"]
+    for override in (
+        "demo_episodes=2",
+        "env.num_envs=2",
+        "env.max_episode_steps=16",
+        "bc.steps=20",
+        "trainer.iterations=2",
+        "trainer.eval_episodes=4",
+    ):
+        args += ["--set", override]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) >= {"success_bc", "success_rl", "env_steps", "seconds"}
+    assert 0 <= summary["success_bc"] <= 1 and 0 <= summary["success_rl"] <= 1
+    assert summary["env_steps"] == 2 * 2 * 16  # 2 iterations x 2 envs x 4 chunks of 4 actions
+    rows = [json.loads(line) for line in (tmp_path / "flow_ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and {"env/success_once", "train/policy_loss", "eval/success"} <= set(rows[-1])
+    assert (tmp_path / "plots" / "env_return.png").is_file()
+    assert "held-out success" in capsys.readouterr().out

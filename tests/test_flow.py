@@ -1,0 +1,197 @@
+"""Flow-policy math: log-likelihoods against torch.distributions, Flow-SDE's marginals,
+GAE and PPO losses against values worked out by hand, and the policy's own consistency."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.distributions import Normal
+
+from omni_rl.algorithms.flow import (
+    bounded_std,
+    chain_logprob,
+    gaussian_entropy,
+    gaussian_logpdf,
+    reduce_logprob,
+    sde_sigma,
+    sde_step,
+)
+from omni_rl.algorithms.ppo import clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.models.flow_policy import FlowPolicy
+
+
+def test_gaussian_logpdf_and_entropy_match_torch_distributions():
+    g = torch.Generator().manual_seed(0)
+    x, mean = torch.randn(5, 3, 2, generator=g), torch.randn(5, 3, 2, generator=g)
+    std = torch.rand(5, 3, 2, generator=g) + 0.05
+    assert torch.allclose(gaussian_logpdf(x, mean, std), Normal(mean, std).log_prob(x), atol=1e-6)
+    assert torch.allclose(gaussian_entropy(std), Normal(mean, std).entropy(), atol=1e-6)
+
+
+def test_chain_logprob_sums_the_stochastic_transitions_and_the_start():
+    g = torch.Generator().manual_seed(1)
+    n, k, h, d = 4, 3, 2, 2
+    chain = torch.randn(n, k + 1, h, d, generator=g)
+    means, stds = torch.randn(n, k, h, d, generator=g), torch.rand(n, k, h, d, generator=g) + 0.1
+    stochastic = torch.tensor([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 1]], dtype=torch.bool)
+    got = chain_logprob(chain, means, stds, stochastic, include_start=True)
+    for i in range(n):
+        want = Normal(0.0, 1.0).log_prob(chain[i, 0])
+        for step in range(k):
+            if stochastic[i, step]:
+                want = want + Normal(means[i, step], stds[i, step]).log_prob(chain[i, step + 1])
+        assert torch.allclose(got[i], want, atol=1e-5)
+    no_start = chain_logprob(chain, means, stds, stochastic, include_start=False)
+    assert torch.allclose(no_start[2], torch.zeros(h, d))
+
+
+def test_reduce_logprob_counts_executed_actions_and_real_dims_only():
+    elementwise = torch.arange(12.0).view(1, 3, 4)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]])  # 2 executed, 3 real dims
+    assert reduce_logprob(elementwise, mask, "sum").item() == 0 + 1 + 2 + 4 + 5 + 6
+    assert reduce_logprob(elementwise, mask, "mean").item() == pytest.approx(18 / 6)
+    with pytest.raises(ValueError, match="sum"):
+        reduce_logprob(elementwise, mask, "max")
+
+
+def test_bounded_std_stays_in_its_interval():
+    raw = torch.tensor([-1e4, -1.0, 0.0, 1.0, 1e4])
+    std = bounded_std(raw, 0.08, 0.16)
+    assert std.min().item() == pytest.approx(0.08) and std.max().item() == pytest.approx(0.16)
+    assert std[2].item() == pytest.approx(0.12)
+
+
+def test_sde_sigma_is_finite_at_t_one_and_matches_the_formula_elsewhere():
+    assert sde_sigma(1.0, 0.25, 0.5).item() == pytest.approx(0.5 * math.sqrt(1.0 / 0.25))
+    assert sde_sigma(0.5, 0.25, 0.5).item() == pytest.approx(0.5)
+    assert sde_sigma(0.25, 0.25, 0.7).item() == pytest.approx(0.7 * math.sqrt(0.25 / 0.75))
+
+
+def test_sde_step_by_hand():
+    x, v = torch.tensor([[[1.0]]]), torch.tensor([[[2.0]]])
+    mean, std = sde_step(x, v, 0.5, 0.1, 0.5)  # sigma_t = 0.5
+    want = 1.0 - 0.1 * 2.0 - 0.25 * 0.1 / 1.0 * (1.0 + 0.5 * 2.0)
+    assert mean.item() == pytest.approx(want) and std.item() == pytest.approx(math.sqrt(0.1) * 0.5)
+
+
+def _gaussian_velocity(mu: float, s: float):
+    """The exact velocity E[eps - a | x_t] when actions a ~ N(mu, s^2)."""
+
+    def v(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        mean_t = (1 - t) * mu
+        var_t = t**2 + (1 - t) ** 2 * s**2
+        return (t - (1 - t) * s**2) / var_t * (x - mean_t) - mu
+
+    return v
+
+
+@pytest.mark.parametrize("noise_level", [0.3, 0.7])
+def test_flow_sde_keeps_the_ode_marginals_on_a_gaussian_toy(noise_level):
+    mu, s, steps, n = 1.5, 0.5, 100, 40_000
+    velocity = _gaussian_velocity(mu, s)
+    g = torch.Generator().manual_seed(0)
+    delta = 1.0 / steps
+    sde = torch.randn(n, generator=g)
+    ode = sde.clone()
+    for k in range(steps):
+        t = torch.tensor(1.0 - k * delta)
+        mean, std = sde_step(sde, velocity(sde, t), t, delta, noise_level)
+        sde = mean + std * torch.randn(n, generator=g)
+        ode = ode - delta * velocity(ode, t)
+        if k == steps // 2:  # halfway, the SDE's law is the ODE's: N(m_t, var_t)
+            t_mid = 1.0 - (k + 1) * delta
+            var_mid = t_mid**2 + (1 - t_mid) ** 2 * s**2
+            assert sde.mean().item() == pytest.approx((1 - t_mid) * mu, abs=0.02)
+            assert sde.std().item() == pytest.approx(math.sqrt(var_mid), rel=0.03)
+    for x in (sde, ode):
+        assert x.mean().item() == pytest.approx(mu, abs=0.02)
+        assert x.std().item() == pytest.approx(s, rel=0.04)
+
+
+def test_gae_by_hand_with_truncation_bootstrap_and_termination():
+    rewards = torch.tensor([[1.0], [0.0], [2.0]])
+    values = torch.tensor([[0.5], [0.4], [0.3]])
+    next_values = torch.tensor([[0.4], [0.3], [0.9]])
+    done = torch.tensor([[False], [False], [True]])
+    adv, ret = gae(rewards, values, next_values, torch.zeros_like(done), done, gamma=0.9, lam=0.8)
+    # deltas 0.86, -0.13, 2.51 (truncated: bootstraps 0.9 * 0.9)
+    assert adv.flatten().tolist() == pytest.approx([0.86 + 0.72 * 1.6772, -0.13 + 0.72 * 2.51, 2.51])
+    assert torch.allclose(ret, adv + values)
+    adv, _ = gae(rewards, values, next_values, done, done, gamma=0.9, lam=0.8)
+    assert adv.flatten().tolist() == pytest.approx([0.86 + 0.72 * 1.094, -0.13 + 0.72 * 1.7, 1.7])
+
+
+def test_gae_stops_at_an_episode_end_inside_the_rollout():
+    rewards = torch.tensor([[1.0], [1.0]])
+    values = torch.zeros(2, 1)
+    done = torch.tensor([[True], [False]])
+    adv, _ = gae(rewards, values, torch.zeros(2, 1), done, done, gamma=1.0, lam=1.0)
+    assert adv.flatten().tolist() == [1.0, 1.0]
+
+
+def test_clipped_surrogate_by_hand():
+    logp = torch.log(torch.tensor([1.5, 0.5]))
+    loss, stats = clipped_surrogate(logp, torch.zeros(2), torch.tensor([2.0, -1.0]), 0.2, 0.28)
+    assert loss.item() == pytest.approx((-2.56 + 0.8) / 2)
+    assert stats["clip_fraction"] == 1.0 and stats["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_clipped_surrogate_per_element_broadcasts_chunk_advantages():
+    logp = torch.zeros(2, 3)
+    loss, _ = clipped_surrogate(logp, torch.zeros(2, 3), torch.tensor([1.0, 3.0]), 0.2, 0.2)
+    assert loss.item() == pytest.approx(-2.0)
+
+
+def test_value_loss_clips_pessimistically_with_huber():
+    loss = value_loss(torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([3.0]), clip=0.5, huber_delta=1.0)
+    assert loss.item() == pytest.approx(1.0)
+    unclipped = value_loss(torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([3.0]), clip=None, huber_delta=1.0)
+    assert unclipped.item() == pytest.approx(0.5)
+
+
+def test_group_advantages_by_hand():
+    adv = group_advantages(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]))
+    assert adv.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0], abs=1e-5)
+
+
+@pytest.mark.parametrize(("method", "mode"), [("flow_noise", "hybrid"), ("flow_sde", "hybrid"), ("flow_sde", "chain")])
+def test_policy_scores_its_own_samples_as_it_drew_them(method, mode):
+    torch.manual_seed(0)
+    policy = FlowPolicy(6, 2, horizon=4, executed=2, steps=5, width=32, method=method, sde_mode=mode)
+    obs = torch.randn(7, 6)
+    sample = policy.sample(obs, generator=torch.Generator().manual_seed(3))
+    logp, entropy, value = policy.evaluate(obs, sample.chain, sample.stochastic)
+    assert torch.allclose(logp, sample.logp, atol=1e-4)
+    assert torch.allclose(value, sample.value, atol=1e-6)
+    assert sample.actions.shape == (7, 4, 2) and torch.equal(sample.chain[:, -1], sample.actions)
+    per_query = sample.stochastic.sum(1)
+    assert (per_query == (1 if (method, mode) == ("flow_sde", "hybrid") else 5)).all()
+    assert entropy.shape == (7,) and torch.isfinite(entropy).all()
+    deterministic = policy.sample(obs, deterministic=True)
+    assert not deterministic.stochastic.any()
+
+
+def test_value_head_gradients_never_reach_the_actor():
+    policy = FlowPolicy(6, 2, width=16)
+    obs = torch.randn(3, 6)
+    _, _, value = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(3, policy.steps, dtype=torch.bool))
+    value.sum().backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.actor_parameters())
+    assert any(p.grad is not None and p.grad.any() for p in policy.critic_parameters())
+
+
+def test_behaviour_cloning_fits_a_fixed_chunk():
+    torch.manual_seed(0)
+    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=5, width=64)
+    obs = torch.randn(64, 6)
+    target = torch.tensor([[0.5, -0.5], [0.25, 0.75]]).expand(64, 2, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = policy.bc_loss(obs, target, torch.ones(64, 2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    got = policy.sample(obs[:8], deterministic=True).actions
+    assert (got - target[:8]).abs().max().item() < 0.1

@@ -1,0 +1,145 @@
+"""The flow-PPO recipe on the pure-torch point-mass task: every method learns it,
+behaviour cloning starts it, and a killed run resumes to the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from omni_rl import checkpoint
+from omni_rl.config import config_from_dict, save_config
+from omni_rl.recipes import flow_ppo
+from omni_rl.sim.point_mass import PointMassEnv, expert_action
+
+OMNI_RL = str(Path(sys.executable).parent / "omni-rl")
+
+
+def _config(tmp_path, **sections):
+    base = {
+        "recipe": "flow_ppo",
+        "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "device": "cpu"},
+        "env": {"task": "PointMass-v0", "num_envs": 16, "max_episode_steps": 24, "ignore_terminations": False},
+        "policy": {"horizon": 2, "executed": 2, "denoise_steps": 4, "width": 64, "sigma_min": 0.2, "sigma_max": 0.4},
+        "ppo": {"actor_lr": 3e-4, "critic_lr": 1e-3, "epochs": 1, "minibatches": 4},
+        "trainer": {"iterations": 100, "eval_every": 0, "eval_episodes": 48},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return config_from_dict(base, "test")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"policy": {"method": "flow_noise"}},
+        {"policy": {"method": "flow_sde", "sde_mode": "hybrid"}},
+        {"policy": {"method": "flow_sde", "sde_mode": "chain"}, "ppo": {"ratio": "element"}},
+        {"policy": {"method": "flow_noise"}, "ppo": {"critic_free": True, "group_size": 4}},
+    ],
+    ids=["flow_noise", "flow_sde_hybrid", "flow_sde_chain_per_element", "critic_free_grpo"],
+)
+def test_each_method_learns_the_point_mass_task(tmp_path, variant, point_mass_demos):
+    """From a behaviour-cloned start on 4 demos, 100 iterations (400 updates)."""
+    variant = {**variant, "bc": {"demos": str(point_mass_demos), "steps": 150, "lr": 1e-3}}
+    summary = flow_ppo.train(_config(tmp_path, **variant))
+    assert summary["success_bc"] <= 0.5, summary
+    assert summary["success_rl"] >= 0.6, summary
+    assert summary["success_rl"] >= summary["success_bc"] + 0.2, summary
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 101 and rows[0] == {"step": 0, **{k: rows[0][k] for k in rows[0] if k.startswith("eval/")}}
+    assert rows[0]["eval/success"] == summary["success_bc"] and rows[-1]["eval/success"] == summary["success_rl"]
+    assert rows[-1]["env_steps"] == 100 * 16 * 12 * 2
+    for key in ("env/success_once", "env/return", "train/policy_loss", "train/ratio_mean", "policy/noise_std"):
+        assert key in rows[-1], key
+    assert "train/value_loss" in rows[-1] or variant.get("ppo", {}).get("critic_free")
+
+
+@pytest.fixture(scope="module")
+def point_mass_demos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demos") / "point_mass.safetensors"
+    _write_demos(path, episodes=4)
+    return path
+
+
+def _write_demos(path, episodes: int) -> None:
+    env = PointMassEnv(episodes, seed=123, max_episode_steps=24)
+    obs = env.reset()
+    rows = {"obs": [], "actions": [], "episode": [], "step": []}
+    active = torch.ones(episodes, dtype=torch.bool)
+    for step in range(24):
+        action = expert_action(obs)
+        for i in torch.nonzero(active).flatten().tolist():
+            rows["obs"].append(obs[i])
+            rows["actions"].append(action[i])
+            rows["episode"].append(torch.tensor(i))
+            rows["step"].append(torch.tensor(step))
+        result = env.step(action)
+        active &= ~result.done
+        obs = result.obs
+    save_file({k: torch.stack(v) for k, v in rows.items()}, path)
+
+
+def test_demo_chunks_stay_inside_their_episode(tmp_path):
+    path = tmp_path / "demos.safetensors"
+    save_file(
+        {
+            "obs": torch.arange(5.0)[:, None],
+            "actions": torch.arange(5.0)[:, None],
+            "episode": torch.tensor([0, 0, 0, 1, 1]),
+            "step": torch.tensor([0, 1, 2, 0, 1]),
+        },
+        path,
+    )
+    obs, chunks, mask = flow_ppo.demo_chunks(path, horizon=3)
+    assert chunks[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 4], [4, 4, 4]]
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 0, 0]]
+    obs, _, _ = flow_ppo.demo_chunks(path, horizon=3, episodes=1)
+    assert obs.shape[0] == 3
+
+
+def test_behaviour_cloning_from_demos_gives_the_warm_start(tmp_path):
+    demos = tmp_path / "demos.safetensors"
+    _write_demos(demos, episodes=32)
+    cfg = _config(tmp_path, bc={"demos": str(demos), "steps": 400, "lr": 2e-3}, trainer={"iterations": 1})
+    summary = flow_ppo.train(cfg)
+    assert summary["success_bc"] >= 0.6, summary  # a random policy: about 0.1
+    assert (tmp_path / "run" / "bc" / "metrics.jsonl").is_file()
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path):
+    """SIGKILL after a checkpoint, ``--resume auto``: the same per-iteration metrics."""
+    settings = {"trainer": {"iterations": 30, "save_every": 1, "keep_last": 2, "eval_every": 10}}
+    flow_ppo.train(_config(tmp_path / "a", **settings))
+    want = (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()
+
+    cfg = _config(tmp_path / "b", **settings)
+    path = tmp_path / "b.yaml"
+    save_config(cfg, path)
+    command = [OMNI_RL, "train", str(path)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while checkpoint.latest(tmp_path / "b" / "run") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = checkpoint.latest(tmp_path / "b" / "run")
+    assert killed_at is not None and not killed_at.name.endswith("00000030"), "the run ended before the kill"
+    assert subprocess.run([*command, "--resume", "auto"], capture_output=True).returncode == 0
+    got = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    varying = ("time/", "throughput/")
+
+    def values(lines):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(varying)} for line in lines]
+
+    assert values(got) == values(want)
+    assert json.loads((tmp_path / "b" / "run" / "summary.json").read_text())["success_bc"] == pytest.approx(
+        json.loads((tmp_path / "a" / "run" / "summary.json").read_text())["success_bc"]
+    )
