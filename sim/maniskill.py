@@ -16,6 +16,7 @@ Nothing is downloaded at run time: a task whose assets are missing is an error.
 
 from __future__ import annotations
 
+import abc
 import difflib
 import functools
 import multiprocessing
@@ -160,7 +161,7 @@ def _task_spec(task: str):
     return spec
 
 
-class _ManiSkillVecEnv:
+class _ManiSkillVecEnv(abc.ABC):
     """What both backends share: bounds, seeding of the first reset, clipping, episode
     statistics. Subclasses implement ``_reset(seed)`` and ``_step(actions)``."""
 
@@ -206,11 +207,13 @@ class _ManiSkillVecEnv:
         result.episodes = self._tracker.update(result.reward, result.success, result.done)
         return result
 
+    @abc.abstractmethod
     def _reset(self, seed: int | list[int] | None) -> torch.Tensor:
-        raise NotImplementedError
+        """Reset every env with the backend's own seeding; returns obs [N, obs_dim]."""
 
+    @abc.abstractmethod
     def _step(self, actions: torch.Tensor) -> StepResult:
-        raise NotImplementedError
+        """Step clipped actions [N, action_dim]; ``episodes`` is filled in by ``step``."""
 
 
 class ManiSkillCPUEnv(_ManiSkillVecEnv):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from omni_rl import checkpoint
-from omni_rl.config import QuickstartConfig, config_from_dict, save_config, to_dict
+from omni_rl.config import QuickstartConfig, QuickstartData, config_from_dict, save_config, to_dict
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.evaluate import evaluate, table
 from omni_rl.models import load
@@ -32,6 +32,22 @@ def _split(data: Path, fraction: float, out: Path) -> Path:
     return out
 
 
+def _write_split(d: QuickstartData, out: Path, videos: int, seed: int) -> Path:
+    """One split of the synthetic video-QA set; returns its dataset path."""
+    return write_video_qa(
+        out,
+        videos,
+        seed,
+        d.seconds,
+        d.fps,
+        d.width,
+        d.height,
+        blank=d.blank_frames,
+        shuffle_options=d.shuffle_options,
+        uniform=d.uniform_scenes,
+    )
+
+
 def _held_out(cfg: QuickstartConfig, model_dir: Path, dataset: MediaDataset) -> dict:
     model, processor = load(model_dir)
     return evaluate(model, processor, dataset, samples=1, max_new_tokens=cfg.grpo.max_new_tokens, progress=False)
@@ -46,30 +62,8 @@ def main(cfg: QuickstartConfig) -> dict:
     set_threads(cfg.run.threads)
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
-    train = write_video_qa(
-        out / "data" / "train",
-        d.train_videos,
-        cfg.run.seed,
-        d.seconds,
-        d.fps,
-        d.width,
-        d.height,
-        blank=d.blank_frames,
-        shuffle_options=d.shuffle_options,
-        uniform=d.uniform_scenes,
-    )
-    heldout = write_video_qa(
-        out / "data" / "heldout",
-        d.heldout_videos,
-        cfg.run.seed + 10_000,
-        d.seconds,
-        d.fps,
-        d.width,
-        d.height,
-        blank=d.blank_frames,
-        shuffle_options=d.shuffle_options,
-        uniform=d.uniform_scenes,
-    )
+    train = _write_split(d, out / "data" / "train", d.train_videos, cfg.run.seed)
+    heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
     sft_rows = _split(train, d.sft_fraction, train.parent / "sft.jsonl")
     budgets = Budgets.from_config(cfg.media)
     for data in (train, heldout):
