@@ -107,14 +107,22 @@ def _tiny_model(args: argparse.Namespace) -> int:
     OVERRIDE,
 )
 def _demo(args: argparse.Namespace) -> int:
+    return _run_recipe(args, "demo")
+
+
+def _run_recipe(args: argparse.Namespace, expected: str) -> int:
+    """Load ``args.config`` (default: recipe ``expected``'s defaults), check that it is an
+    ``expected`` config, run it through the recipe registry and print its summary."""
     import json
 
     from omni_rl.config import load_config
-    from omni_rl.recipes import demo
+    from omni_rl.recipes import recipe_of
 
-    cfg = load_config(args.config, args.overrides, recipe="demo")
-    summary = demo.main(cfg)
-    print(json.dumps(summary, indent=2))
+    cfg = load_config(args.config, args.overrides, recipe=expected)
+    recipe = recipe_of(cfg)
+    if recipe.name != expected:
+        raise OmniRLError(f"{args.config}: recipe '{recipe.name}' is not '{expected}' (run it with {recipe.command})")
+    print(json.dumps(recipe.run(cfg), indent=2))
     return 0
 
 
@@ -130,14 +138,6 @@ def _budgets(config: str | None, overrides: list[str]):
     return Budgets.from_config(cfg.media)
 
 
-# recipe name -> "module:function(cfg, resume)"; modules import only when run
-RECIPE_RUNNERS = {
-    "grpo": "omni_rl.recipes.grpo:train",
-    "sft": "omni_rl.recipes.sft:train",
-    "flow_ppo": "omni_rl.recipes.flow_ppo:train",
-}
-
-
 @command(
     "train",
     "run a training recipe from a config (recipe: grpo, sft or flow_ppo)",
@@ -146,21 +146,26 @@ RECIPE_RUNNERS = {
     OVERRIDE,
 )
 def _train(args: argparse.Namespace) -> int:
-    import importlib
     import json
 
-    from omni_rl.config import load_config, recipe_name
+    from omni_rl.config import load_config
+    from omni_rl.recipes import recipe_of, trainable
 
     cfg = load_config(args.config, args.overrides)
-    name = recipe_name(cfg)
-    if name not in RECIPE_RUNNERS:
+    recipe = recipe_of(cfg)
+    if not recipe.trainable:
         raise OmniRLError(
-            f"{args.config}: recipe '{name}' is not trainable with 'omni-rl train'; "
-            f"trainable: {', '.join(RECIPE_RUNNERS)}"
+            f"{args.config}: recipe '{recipe.name}' is not trainable with 'omni-rl train' "
+            f"(run it with {recipe.command}); trainable: {', '.join(trainable())}"
         )
-    module, _, function = RECIPE_RUNNERS[name].partition(":")
-    final = getattr(importlib.import_module(module), function)(cfg, resume=args.resume)
-    print(json.dumps(final, indent=2))
+    from omni_rl.engine import distributed
+
+    try:
+        final = recipe.run(cfg, resume=args.resume)
+    finally:
+        distributed.shutdown()
+    if distributed.ranks().is_main:
+        print(json.dumps(final, indent=2))
     return 0
 
 
@@ -173,24 +178,7 @@ def _train(args: argparse.Namespace) -> int:
     OVERRIDE,
 )
 def _quickstart(args: argparse.Namespace) -> int:
-    import json
-
-    from omni_rl.config import load_config, recipe_name
-
-    expected = "quickstart_sim" if args.sim else "quickstart"
-    cfg = load_config(args.config, args.overrides, recipe=expected)
-    if recipe_name(cfg) != expected:
-        raise OmniRLError(f"{args.config}: recipe '{recipe_name(cfg)}' is not '{expected}'")
-    if args.sim:
-        from omni_rl.recipes import quickstart_sim
-
-        summary = quickstart_sim.main(cfg)
-    else:
-        from omni_rl.recipes import quickstart
-
-        summary = quickstart.main(cfg)
-    print(json.dumps(summary, indent=2))
-    return 0
+    return _run_recipe(args, "quickstart_sim" if args.sim else "quickstart")
 
 
 @command(

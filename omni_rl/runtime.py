@@ -1,4 +1,5 @@
-"""Process-wide runtime settings: torch threads, seeds, device and dtype.
+"""Process-wide runtime settings: torch threads, seeds, device and dtype, and the
+``run:`` section that configures them (``RunConfig``).
 
 This is the one place that sets torch's CPU thread count: on small machines an
 oversubscribed pool makes timings swing tenfold, so tests and benchmarks pin it.
@@ -8,13 +9,36 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
+from omni_rl.config import require
 from omni_rl.errors import OmniRLError
 
 THREADS_ENV = "OMNI_RL_THREADS"
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes, and on what hardware."""
+
+    name: str = "run"
+    """A label for logs and metrics."""
+    output_dir: str = "runs/run"
+    """Directory for the resolved config, metrics, checkpoints and summaries."""
+    seed: int = 0
+    """Seed for Python, NumPy and torch."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """'auto' picks CUDA when available (under torchrun, each rank its local GPU);
+    numeric precision is the trainer's (``trainer.precision``)."""
+    threads: int | None = None
+    """torch CPU threads; unset reads OMNI_RL_THREADS, else torch's default."""
+
+    def __post_init__(self):
+        require(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
 
 
 def set_threads(threads: int | None = None) -> int:

@@ -39,7 +39,7 @@ class Budgets:
 
     @classmethod
     def from_config(cls, media) -> Budgets:
-        """From a ``omni_rl.config.MediaConfig``."""
+        """From a ``omni_rl.preprocess.config.MediaConfig``."""
         from omni_rl.models.families import FAMILIES
 
         patch = FAMILIES.get(media.family).patch_size or 14

@@ -266,3 +266,31 @@ def load_demos(path: str | Path) -> Demos:
     except Exception as err:  # noqa: BLE001 - a damaged file fails in safetensors' own ways
         raise OmniRLError(f"{path}: unreadable demos file ({err})") from None
     return Demos(**tensors, meta=meta)
+
+
+def demo_chunks(path: str | Path, horizon: int, episodes: int | None = None):
+    """Expert chunks from a demonstrations file, for behaviour cloning: obs [M, O],
+    actions [M, H, D] (the next H actions of the same episode, the last one repeated
+    past its end) and a mask [M, H] that is 1 on real actions. ``episodes``: keep only
+    the first this many (episodes are numbered 0, 1, ... in the file)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise OmniRLError(f"{path}: demonstrations file not found (omni-rl sim collect-demos writes one)")
+    with safe_open(str(path), "pt") as f:
+        obs, actions, episode = f.get_tensor("obs"), f.get_tensor("actions"), f.get_tensor("episode")
+    if episodes is not None:
+        keep = episode < episodes
+        obs, actions, episode = obs[keep], actions[keep], episode[keep]
+    count = obs.shape[0]
+    index = torch.arange(count)
+    chunks, mask = [], []
+    last = index.clone()
+    for j in range(horizon):
+        ahead = (index + j).clamp(max=count - 1)
+        real = (index + j < count) & (episode[ahead] == episode)
+        last = torch.where(real, ahead, last)
+        chunks.append(actions[last])
+        mask.append(real)
+    return obs.float(), torch.stack(chunks, dim=1).float(), torch.stack(mask, dim=1).float()

@@ -110,6 +110,22 @@ def test_aggregations():
         aggregate(values, mask, "mean")
 
 
+def test_aggregations_of_parts_add_up_to_the_whole():
+    """Micro-batches and ranks divide by the whole batch's count: their sum is the whole's."""
+    values = torch.tensor([[1.0, 2, 3], [4, 0, 0], [5, 6, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    # token-mean: 6 tokens in all; parts 6/6 and (4+5+6)/6 add up to 21/6
+    assert aggregate(values[:1], mask[:1], "token-mean", denominator=6).item() == approx(1.0)
+    assert aggregate(values[1:], mask[1:], "token-mean", denominator=6).item() == approx(2.5)
+    assert aggregate(values, mask, "token-mean").item() == approx(3.5)
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        whole = aggregate(values, mask, mode).item()
+        parts = sum(aggregate(values[i : i + 1], mask[i : i + 1], mode, denominator=3).item() for i in range(3))
+        assert parts == approx(whole)
+    # seq-mean-token-mean by hand: (2 + 4 + 5.5) / 3
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == approx(11.5 / 3)
+
+
 def test_gspo_sequence_ratio():
     # log ratios ln 1.5, ln 0.5 -> mean -0.143841 -> s = sqrt(0.75) = 0.866025
     logp, old, mask = logs(1.5, 0.5), torch.zeros(1, 2), torch.ones(1, 2)

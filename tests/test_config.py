@@ -1,27 +1,26 @@
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from omni_rl.config import (
-    RECIPE_CONFIGS,
-    AdamWConfig,
-    DemoConfig,
-    SGDConfig,
-    config_from_dict,
-    load_config,
-    save_config,
-    to_dict,
-)
-from omni_rl.errors import ConfigError
+from omni_rl.config import config_from_dict, load_config, recipe_name, save_config, to_dict
+from omni_rl.demos.demo_config import DemoConfig
+from omni_rl.engine.config import AdamWConfig, SGDConfig
+from omni_rl.errors import ConfigError, OmniRLError
+from omni_rl.recipes import CONFIG_MODULES, RECIPES, get_recipe, recipe_of, recipes, trainable
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+ROOT = Path(__file__).parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
-    assert isinstance(cfg, tuple(RECIPE_CONFIGS.get(n) for n in RECIPE_CONFIGS))
+    recipe = get_recipe(yaml.safe_load(path.read_text())["recipe"])
+    assert type(cfg) is recipe.config and recipe_of(cfg) is recipe
 
 
 def test_shipped_configs_exist():
@@ -124,3 +123,139 @@ def test_resolved_config_round_trips(tmp_path):
     assert data["optimizer"]["type"] == "sgd"
     assert load_config(path) == cfg
     assert to_dict(load_config(path)) == to_dict(cfg)
+
+
+# ------------------------------------------------------------------- the recipe registry
+
+
+def test_one_registry_knows_every_recipe_and_its_runner():
+    assert list(recipes()) == ["demo", "flow_ppo", "grpo", "preprocess", "quickstart", "quickstart_sim", "sft"]
+    assert trainable() == ["flow_ppo", "grpo", "sft"]
+    assert len(CONFIG_MODULES) == len(RECIPES.names())
+    for name in recipes():
+        recipe = get_recipe(name)
+        assert recipe_name(recipe.config()) == name  # every root config builds from defaults
+        assert recipe_of(recipe.config) is recipe
+        if recipe.runner is not None:
+            module, _, function = recipe.runner.partition(":")
+            assert module.startswith("omni_rl.") and function
+    assert get_recipe("grpo").runner == "omni_rl.recipes.grpo:train"
+    assert get_recipe("quickstart").runner == "omni_rl.demos.quickstart:main"
+    with pytest.raises(OmniRLError, match=r"unknown recipe 'gpro' \(did you mean 'grpo'\?\); known: demo, flow_ppo"):
+        get_recipe("gpro")
+
+
+@pytest.mark.slow
+def test_reading_configs_imports_no_training_loop():
+    code = (
+        "import sys; from omni_rl.config import load_config; load_config('configs/grpo_tiny_shapes.yaml');"
+        "load_config('configs/quickstart.yaml');"
+        "prefixes = ('omni_rl.recipes.', 'omni_rl.demos.', 'omni_rl.engine.');"
+        "print(*sorted(m for m in sys.modules if m.startswith(prefixes)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout.split()
+    assert "omni_rl.recipes.grpo_config" in loaded and all(m.endswith("config") for m in loaded), loaded
+
+
+def test_train_refuses_a_recipe_it_does_not_run(capsys):
+    from omni_rl.cli import main
+
+    assert main(["train", "configs/demo.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "recipe 'demo' is not trainable with 'omni-rl train' (run it with omni-rl demo --config)" in err
+    assert "trainable: flow_ppo, grpo, sft" in err
+    assert main(["quickstart", "--config", "configs/demo.yaml"]) == 2
+    assert "recipe 'demo' is not 'quickstart'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- section defaults
+
+
+def test_a_partial_section_keeps_the_fields_default():
+    # quickstart_sim's ppo default has actor_lr 5e-5 (PPOConfig's own default is 3e-4)
+    cfg = load_config(None, ["ppo.epochs=2", "run.output_dir=x"], recipe="quickstart_sim")
+    assert cfg.ppo.epochs == 2 and cfg.ppo.actor_lr == 5e-5
+    assert cfg.run.output_dir == "x" and cfg.run.threads == 2 and cfg.run.name == "quickstart_sim"
+    # a Choice section keeps its default's type and values unless 'type' changes it
+    cfg = load_config(None, ["optimizer.weight_decay=0.1"], recipe="demo")
+    assert isinstance(cfg.optimizer, AdamWConfig) and cfg.optimizer.lr == 1e-3
+    cfg = load_config(None, ["optimizer.type=sgd"], recipe="demo")
+    assert isinstance(cfg.optimizer, SGDConfig) and cfg.optimizer.lr == SGDConfig().lr
+
+
+# ------------------------------------------------------------------------ the quickstart
+
+
+def test_quickstart_composes_the_recipes_configs():
+    from omni_rl.demos.quickstart_config import QuickstartConfig
+    from omni_rl.recipes.grpo_config import GRPOConfig
+    from omni_rl.recipes.sft_config import SFTConfig
+
+    cfg = load_config("configs/quickstart.yaml")
+    assert cfg == load_config(None, recipe="quickstart") and isinstance(cfg, QuickstartConfig)
+    assert isinstance(cfg.sft, SFTConfig) and isinstance(cfg.grpo, GRPOConfig)
+    s, g = cfg.sft, cfg.grpo
+    assert (s.trainer.steps, s.optimizer.lr, s.data.prompts_per_step) == (300, 2e-3, 8)
+    assert isinstance(s.optimizer, AdamWConfig) and isinstance(g.optimizer, AdamWConfig)
+    assert (g.trainer.steps, g.optimizer.lr, g.data.prompts_per_step) == (600, 2e-4, 8)
+    assert (g.rollout.n, g.rollout.max_new_tokens, g.rollout.temperature) == (8, 40, 1.0)
+    assert (g.algorithm.advantage, g.algorithm.dynamic_sampling, g.rewards.template) == ("grpo", False, "answer_only")
+    cfg = load_config("configs/quickstart.yaml", ["grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"])
+    assert cfg.grpo.optimizer.lr == 1e-4 and cfg.grpo.trainer.steps == 600
+    assert cfg.sft.trainer.steps == 50 and cfg.sft.optimizer.lr == 2e-3
+    with pytest.raises(ConfigError, match=r"grpo\.media: the quickstart fills this"):
+        load_config(None, ["grpo.media.fps=1"], recipe="quickstart")
+    with pytest.raises(ConfigError, match=r"sft\.data\.train: the quickstart fills this"):
+        load_config(None, ["sft.data.train=x.jsonl"], recipe="quickstart")
+
+
+def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch):
+    from omni_rl.demos import quickstart
+
+    ran = {}
+    monkeypatch.setattr(quickstart.sft, "train", lambda cfg: ran.setdefault("sft", cfg))
+    monkeypatch.setattr(quickstart.grpo, "train", lambda cfg: ran.setdefault("grpo", cfg))
+    monkeypatch.setattr(quickstart, "_held_out", lambda *a: {"accuracy": 0.5, "per_type": {}, "rows": 8})
+    monkeypatch.setattr(quickstart, "_plots", lambda out: None)
+    monkeypatch.setattr(quickstart, "table", lambda summary: "")
+    monkeypatch.setattr(quickstart.checkpoint, "latest", lambda out: Path(out) / "checkpoints" / "step-1")
+    overrides = [f"run.output_dir={tmp_path}", "data.train_videos=4", "data.heldout_videos=2"]
+    cfg = load_config(None, [*overrides, "grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"], recipe="quickstart")
+    quickstart.main(cfg)
+    sft_cfg, grpo_cfg = ran["sft"], ran["grpo"]
+    assert grpo_cfg.optimizer.lr == 1e-4 and grpo_cfg.trainer.steps == 600 and grpo_cfg.rollout.n == 8
+    assert sft_cfg.trainer.steps == 50 and sft_cfg.optimizer.lr == 2e-3
+    assert grpo_cfg.run == dataclasses.replace(cfg.run, output_dir=str(tmp_path / "grpo"))
+    assert grpo_cfg.media == cfg.media and sft_cfg.media == cfg.media
+    assert grpo_cfg.model.path == str(tmp_path / "sft" / "checkpoints" / "step-1" / "model")
+    assert sft_cfg.model.path is None and (sft_cfg.model.tiny_family, sft_cfg.model.tiny_width) == ("qwen2_5_vl", 128)
+    assert sft_cfg.data.train == str(tmp_path / "data" / "train" / "sft.jsonl")
+    assert grpo_cfg.data.cache == str(tmp_path / "cache") and grpo_cfg.data.prompts_per_step == 8
+    # the run's resolved config loads back as a grpo config with the override
+    path = save_config(grpo_cfg, tmp_path / "grpo.yaml")
+    assert load_config(path).optimizer.lr == 1e-4
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["grpo"]["optimizer"]["type"] == "adamw" and saved["grpo"]["optimizer"]["lr"] == 1e-4
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def test_data_eval_is_an_error_until_it_is_wired():
+    with pytest.raises(ConfigError, match=r"data\.eval: not wired yet: .*omni-rl eval"):
+        load_config(None, ["data.train=x.jsonl", "data.eval=y.jsonl"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"data\.eval: not wired yet"):
+        load_config(None, ["data.eval=y.jsonl"], recipe="sft")
+
+
+def test_grpo_without_data_train_fails_when_training_starts(tmp_path, capsys):
+    from omni_rl.cli import main
+
+    cfg = load_config(None, [f"run.output_dir={tmp_path}"], recipe="grpo")  # loads: a default may lack data
+    assert cfg.data.train == ""
+    path = tmp_path / "grpo.yaml"
+    path.write_text(f"recipe: grpo\nrun:\n  output_dir: {tmp_path / 'run'}\n  threads: 2\n")
+    assert main(["train", str(path)]) == 2
+    assert "omni-rl: error: data.train must name a dataset file" in capsys.readouterr().err

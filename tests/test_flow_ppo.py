@@ -1,9 +1,11 @@
 """The flow-PPO recipe on the pure-torch point-mass task: every method learns it,
-behaviour cloning starts it, and a killed run resumes to the uninterrupted result."""
+behaviour cloning starts it, a killed run resumes to the uninterrupted result, and two
+processes train what one process trains."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,14 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from omni_rl import checkpoint
 from omni_rl.config import config_from_dict, save_config
+from omni_rl.engine import checkpoint
 from omni_rl.recipes import flow_ppo
+from omni_rl.sim.experts import demo_chunks
 from omni_rl.sim.point_mass import PointMassEnv, expert_action
 
 OMNI_RL = str(Path(sys.executable).parent / "omni-rl")
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def _config(tmp_path, **sections):
@@ -98,10 +102,10 @@ def test_demo_chunks_stay_inside_their_episode(tmp_path):
         },
         path,
     )
-    obs, chunks, mask = flow_ppo.demo_chunks(path, horizon=3)
+    obs, chunks, mask = demo_chunks(path, horizon=3)
     assert chunks[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 4], [4, 4, 4]]
     assert mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 0, 0]]
-    obs, _, _ = flow_ppo.demo_chunks(path, horizon=3, episodes=1)
+    obs, _, _ = demo_chunks(path, horizon=3, episodes=1)
     assert obs.shape[0] == 3
 
 
@@ -143,3 +147,63 @@ def test_a_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path):
     assert json.loads((tmp_path / "b" / "run" / "summary.json").read_text())["success_bc"] == pytest.approx(
         json.loads((tmp_path / "a" / "run" / "summary.json").read_text())["success_bc"]
     )
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, point_mass_demos):
+    """A short run (BC, then PPO with evaluation) as one process: (config, output dir)."""
+    root = tmp_path_factory.mktemp("one_process")
+    cfg = _config(
+        root,
+        env={"num_envs": 8, "max_episode_steps": 12},
+        policy={"width": 32},
+        ppo={"epochs": 2, "minibatches": 3},  # 48 chunks: mini-batches of 16, split unevenly
+        trainer={"iterations": 3, "eval_every": 2, "eval_episodes": 10},  # 10 seeds: rounds of 8 and 2
+        bc={"demos": str(point_mass_demos), "steps": 10, "batch_size": 15},  # 15 rows: 8 and 7
+    )
+    path = root / "config.yaml"
+    save_config(cfg, path)
+    _launch([sys.executable, "-m", "omni_rl"], path, root / "one", "auto")
+    return path, root / "one"
+
+
+def _launch(launcher: list[str], config: Path, out: Path, strategy: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1"}
+    command = [
+        *launcher,
+        "train",
+        str(config),
+        "--set",
+        f"run.output_dir={out}",
+        "--set",
+        f"trainer.strategy={strategy}",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if "it/s" not in line and "step/s" not in line]
+    assert done.returncode == 0, "\n".join(errors[-60:])
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_what_one_process_trains(tmp_path, one_process_run, strategy):
+    """torchrun, 2 processes (gloo on CPU), each with half the envs and its share of
+    every BC batch and PPO mini-batch: the same final weights and metrics as one."""
+    config, one = one_process_run
+    _launch([TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "omni_rl"], config, tmp_path / "two", strategy)
+    weights = [
+        load_file(run / "checkpoints" / "step-00000003" / "model" / "policy.safetensors")
+        for run in (one, tmp_path / "two")
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    diff = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+    assert diff < 1e-5, diff
+
+    def rows(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [
+            {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "throughput/"))} for line in lines
+        ]
+
+    want, got = rows(one), rows(tmp_path / "two")
+    assert len(got) == len(want) == 4
+    for row, expected in zip(got, want, strict=True):
+        assert row == pytest.approx(expected, rel=1e-4, abs=1e-6)

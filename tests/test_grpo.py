@@ -102,16 +102,16 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
     cfg = load_config(
         None, ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"], recipe="grpo"
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    from omni_rl.engine.config import SGDConfig
+    from omni_rl.engine.engine import Engine
+
     mask = rollouts.completion_mask
     with torch.no_grad():
         before = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
     model.train()
-    batch = grpo.Batch(samples=[None, None], encoded=encoded)
-    stats = grpo._update(
-        model, None, optimizer, scheduler, batch, rollouts, mask, advantages, processor.tokenizer.pad_token_id, cfg
-    )
+    engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[0, 1])
+    stats = grpo._update(engine, None, batch, rollouts, mask, advantages, processor.tokenizer.pad_token_id, cfg)
     with torch.no_grad():
         after = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
     change = after - before
@@ -119,18 +119,26 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
     assert (change[advantages > 0].mean() > 0) and (change[advantages < 0].mean() < 0)
 
 
-def test_nan_losses_skip_steps_and_three_in_a_row_stop_the_run(tmp_path, shapes, monkeypatch):
+def test_nan_losses_skip_optimizer_steps_and_three_in_a_row_stop_the_run(tmp_path, shapes, monkeypatch):
     def nan_loss(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         return loss * float("nan"), stats
 
     real = grpo.clipped_policy_loss
     monkeypatch.setattr(grpo, "clipped_policy_loss", nan_loss)
-    cfg = load_config(tiny_config(tmp_path, shapes, trainer={"steps": 5, "save_every": 0}))
-    with pytest.raises(OmniRLError, match="step 3: the loss was NaN or infinite 3 steps in a row"):
+    cfg = load_config(
+        tiny_config(
+            tmp_path,
+            shapes,
+            algorithm={"epochs": 1, "mini_batch_prompts": 0},
+            trainer={"steps": 5, "save_every": 0},
+        )
+    )
+    with pytest.raises(OmniRLError, match="3 optimizer steps in a row had non-finite gradients"):
         grpo.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["skipped_nan"] for r in rows] == [4, 4]  # 2 epochs x 2 mini-batches skipped per logged step
+    # one optimizer step per training step: steps 1 and 2 were skipped and logged, step 3 stopped the run
+    assert [r["optim/skipped_nonfinite"] for r in rows] == [1, 2]
 
 
 def test_prompts_longer_than_the_limit_are_skipped_and_counted(tmp_path, shapes):

@@ -15,13 +15,13 @@ def test_quickstart_small_run(tmp_path, capsys):
         "--set",
         "data.heldout_videos=2",
         "--set",
-        "sft.steps=3",
+        "sft.trainer.steps=3",
         "--set",
-        "grpo.steps=2",
+        "grpo.trainer.steps=2",
         "--set",
-        "grpo.n=2",
+        "grpo.rollout.n=2",
         "--set",
-        "grpo.prompts_per_step=2",
+        "grpo.data.prompts_per_step=2",
     ]
     assert main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

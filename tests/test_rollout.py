@@ -106,3 +106,34 @@ def test_completions_never_hold_placeholders_and_report_finish_reasons(tiny_chec
         if reason == "length":
             assert int(length) == 10
     assert (rollouts.logprobs <= 0).all() and len(rollouts.texts) == 8
+
+
+def test_gumbel_noise_samples_the_distribution():
+    from omni_rl.rollout.hf import gumbel_noise
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logp = torch.log(probs)
+    seeds = torch.arange(20_000, dtype=torch.int64)
+    picks = (logp[None, :] + gumbel_noise(seeds, step=3, vocab=5)).argmax(-1)
+    freq = torch.bincount(picks, minlength=5).float() / len(seeds)
+    # binomial std at p=0.5 over 20k draws is 0.0035: 0.015 is over four of them
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+    assert freq[4] == 0  # a masked token (-inf) is never drawn
+    # the same seeds and step give the same noise; another step gives other noise
+    assert torch.equal(gumbel_noise(seeds[:8], 3, 5), gumbel_noise(seeds[:8], 3, 5))
+    assert not torch.equal(gumbel_noise(seeds[:8], 3, 5), gumbel_noise(seeds[:8], 4, 5))
+
+
+def test_a_prompts_completions_do_not_depend_on_its_batch(tiny_checkpoint, family_prompts):
+    """Seeded per completion: prompt 1 rolled out alone equals prompt 1 rolled out next to
+    prompt 0 (what makes N ranks sample what one process samples)."""
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    engine = HFRolloutEngine(model, processor)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+    both = engine.generate(family_prompts("qwen2_5_vl", processor), n=3, sampling=sampling, seeds=[11, 12])
+    alone = engine.generate(family_prompts("qwen2_5_vl", processor, only=1), n=3, sampling=sampling, seeds=[12])
+    width = alone.completion_ids.shape[1]
+    assert torch.equal(both.completion_ids[3:, :width], alone.completion_ids)
+    torch.testing.assert_close(both.logprobs[3:, :width], alone.logprobs, atol=1e-5, rtol=1e-5)
+    other = engine.generate(family_prompts("qwen2_5_vl", processor, only=1), n=3, sampling=sampling, seeds=[13])
+    assert not torch.equal(other.completion_ids, alone.completion_ids)

@@ -115,14 +115,14 @@ def test_vllm_engine_samples_groups_and_follows_weight_updates(tmp_path, tiny_ch
     model, processor = load(path, device="cuda", dtype=torch.bfloat16)
     engine = build_engine(_grpo_config(tmp_path, "vllm"), model, processor, path)
     samples = [_video_sample(tmp_path)] * 2
-    got = engine.rollout(samples, [], 4, SamplingParams(1.0, 1.0, 0, 8))
+    got = engine.rollout(samples, [], 4, SamplingParams(1.0, 1.0, 0, 8), seeds=[1, 2])
     assert got.completion_ids.shape[0] == 8 and got.group_size == 4
     assert not torch.isin(got.completion_ids, torch.tensor(placeholder_token_ids(processor))).any()
     assert (got.logprobs[got.completion_mask == 0] == 0).all() and (got.logprobs[got.completion_mask == 1] <= 0).all()
     greedy = SamplingParams(0.0, 1.0, 0, 8)
-    before = engine.rollout(samples[:1], [], 1, greedy).completion_ids
+    before = engine.rollout(samples[:1], [], 1, greedy, seeds=[0]).completion_ids
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # a different policy must give different greedy text
     engine.load_weights(model)
-    after = engine.rollout(samples[:1], [], 1, greedy).completion_ids
+    after = engine.rollout(samples[:1], [], 1, greedy, seeds=[0]).completion_ids
     assert not torch.equal(before, after)

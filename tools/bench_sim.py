@@ -5,21 +5,26 @@
 For each N, on the same vector env: (a) env steps/s of stepping it with random actions
 (the ceiling), (b) env steps/s of the training loop, rollout (policy sampling, chunk
 execution, bootstrap values) plus the PPO update, amortized over whole iterations of
-the real ``omni_rl.recipes.flow_ppo`` functions. Prints both per N and the ratio
+the real ``omni_rl.recipes.flow_ppo`` and ``omni_rl.sim.rollout`` functions. Prints both per N and the ratio
 (b)/(a), target >= 0.7, last.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from pathlib import Path
 
 import torch
 
 from omni_rl.config import load_config
+from omni_rl.engine.distributed import Ranks
 from omni_rl.recipes import flow_ppo
+from omni_rl.recipes.common import Run
 from omni_rl.runtime import set_threads
 from omni_rl.sim import make_vec_env
+from omni_rl.sim.rollout import EnvShare, collect, episode_seeds
 
 
 def random_steps_per_s(env, steps: int) -> float:
@@ -33,16 +38,26 @@ def random_steps_per_s(env, steps: int) -> float:
 
 
 def training_steps_per_s(env, cfg, iterations: int) -> float:
-    """Env steps/s of whole training iterations (rollout + update)."""
-    policy = flow_ppo.build_policy(cfg, env.obs_dim, env.action_dim)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.actor_lr)
-    flow_ppo.collect(policy, env, cfg, 0, torch.device("cpu"))  # warm-up
+    """Env steps/s of whole training iterations (rollout + update), one process."""
+    run = Run(Path("."), Ranks(), torch.device("cpu"), None)
+    envs = EnvShare.whole(env.num_envs)
+    stream = flow_ppo.shared_stream(cfg)
+    policy = flow_ppo.build_policy(cfg, env.obs_dim, env.action_dim, stream)
+    engine = flow_ppo.make_engine(policy, cfg, run)
+    flow_ppo.use_ppo_optimizer(engine, cfg)
+    chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
+
+    def rollout(iteration: int):
+        seeds = episode_seeds(cfg.run.seed, iteration, env.num_envs, 1, cfg.trainer.eval_seed)
+        return collect(policy, env, envs, seeds, chunks, stream, run.device)
+
+    rollout(0)  # warm-up
     steps, started = 0, time.perf_counter()
     for iteration in range(1, iterations + 1):
-        rollout, _ = flow_ppo.collect(policy, env, cfg, iteration, torch.device("cpu"))
-        adv, returns = flow_ppo.advantages(rollout, cfg)
-        flow_ppo.update(policy, optimizer, rollout, adv, returns, cfg, torch.device("cpu"))
-        steps += rollout.rewards.numel() * policy.executed
+        batch, _ = rollout(iteration)
+        adv, returns = flow_ppo.advantages(batch, cfg)
+        flow_ppo.update(engine, batch, adv, returns, cfg, envs, stream)
+        steps += batch.rewards.numel() * policy.executed
     return steps / (time.perf_counter() - started)
 
 

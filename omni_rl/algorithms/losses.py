@@ -31,7 +31,13 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return log_z.squeeze(-1) - (probs * logits).sum(-1)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Aggregation, norm_length: int | None = None):
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: Aggregation,
+    norm_length: int | None = None,
+    denominator: float | None = None,
+):
     """Reduce per-token values to a scalar.
 
     Args:
@@ -40,16 +46,20 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Aggregation, norm_
             (every sequence weighs the same), ``seq-mean-token-sum-norm`` (token sums
             divided by a constant length, Dr. GRPO: no length bias).
         norm_length: the constant of ``seq-mean-token-sum-norm`` (default L).
+        denominator: what the sum is divided by when these N rows are one part of a
+            larger batch (micro-batches, ranks): the whole batch's token count for
+            ``token-mean``, its sequence count otherwise; default: this part's own.
+            The parts' results then add up to the whole batch's value.
     """
     mask = mask.to(values.dtype)
     if mode == "token-mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1)
+        return (values * mask).sum() / (denominator or mask.sum().clamp(min=1))
     if mode == "seq-mean-token-mean":
         per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
+        return per_seq.sum() / (denominator or values.shape[0])
     if mode == "seq-mean-token-sum-norm":
         length = norm_length or values.shape[-1]
-        return (values * mask).sum(-1).div(length).mean()
+        return (values * mask).sum(-1).div(length).sum() / (denominator or values.shape[0])
     raise ValueError(f"unknown aggregation '{mode}'")
 
 
@@ -73,6 +83,7 @@ def clipped_policy_loss(
     dual_clip: float | None = None,
     aggregation: Aggregation = "token-mean",
     norm_length: int | None = None,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO's clipped surrogate with separate low/high clips (DAPO's clip-higher) and
     optional dual clip for negative advantages.
@@ -80,6 +91,7 @@ def clipped_policy_loss(
     Args:
         logp, old_logp, mask: [N, L]; advantages: [N] (one per sequence).
         dual_clip: c > 1 bounds the loss of a negative-advantage token by -c * A.
+        denominator: see ``aggregate``.
     Returns:
         (loss [], stats).
     """
@@ -95,7 +107,7 @@ def clipped_policy_loss(
         bound = -adv * dual_clip
         dual = (adv < 0) & (per_token > bound)
         per_token = torch.where(adv < 0, torch.minimum(per_token, bound), per_token)
-    loss = aggregate(per_token, mask, aggregation, norm_length)
+    loss = aggregate(per_token, mask, aggregation, norm_length, denominator)
     m = mask.bool()
     with torch.no_grad():
         stats = PolicyLossStats(
@@ -114,12 +126,14 @@ def gspo_policy_loss(
     mask: torch.Tensor,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios,
     s = exp(mean_t(logp - old_logp)), clipped, averaged over sequences.
 
     Args:
         logp, old_logp, mask: [N, L]; advantages: [N].
+        denominator: the whole batch's sequence count when these N are a part of it.
     """
     maskf = mask.to(logp.dtype)
     log_ratio = ((logp - old_logp) * maskf).sum(-1) / maskf.sum(-1).clamp(min=1)
@@ -127,7 +141,7 @@ def gspo_policy_loss(
     adv = advantages.to(ratio.dtype)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
-    loss = torch.maximum(unclipped, clipped).mean()
+    loss = torch.maximum(unclipped, clipped).sum() / (denominator or ratio.shape[0])
     with torch.no_grad():
         stats = PolicyLossStats(
             clip_fraction=float((clipped > unclipped).float().mean()),

@@ -50,18 +50,34 @@ def normalize(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + eps)
 
 
+def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """'mean' over all entries, or 'sum' over the batch (first) dim of each item's mean
+    over the others: a share of a larger batch's mean, to be divided by its size."""
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.flatten(1).mean(dim=1).sum() if loss.dim() > 1 else loss.sum()
+    raise ValueError(f"reduction '{reduction}': use 'mean' or 'sum'")
+
+
 def clipped_surrogate(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    reduction: str = "mean",
 ) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped objective as a loss (mean over all entries).
+    """PPO's clipped objective as a loss (mean over all entries, or with ``reduction``
+    'sum' the sum over the batch of each item's mean).
 
     ``logp`` / ``old_logp``: [B] per chunk, or [B, ...] per element with ``advantages``
-    broadcast from [B]. Returns the loss and ratio statistics."""
+    broadcast from [B]. Returns the loss and ratio statistics (over this batch)."""
     while advantages.dim() < logp.dim():
         advantages = advantages.unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
+    loss = _reduce(-torch.minimum(ratio * advantages, clipped * advantages), reduction)
     with torch.no_grad():
         stats = {
             "ratio_mean": ratio.mean().item(),
@@ -73,15 +89,21 @@ def clipped_surrogate(
 
 
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None, huber_delta: float
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    clip: float | None,
+    huber_delta: float,
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """Huber loss to the returns; with ``clip``, the pessimistic max against a value
-    kept within ``clip`` of the old one (PPO's value clipping)."""
+    kept within ``clip`` of the old one (PPO's value clipping). ``reduction``: 'mean'
+    or 'sum' over the batch."""
     loss = torch.nn.functional.huber_loss(values, returns, reduction="none", delta=huber_delta)
     if clip is not None:
         kept = old_values + (values - old_values).clamp(-clip, clip)
         loss = torch.maximum(loss, torch.nn.functional.huber_loss(kept, returns, reduction="none", delta=huber_delta))
-    return loss.mean()
+    return _reduce(loss, reduction)
 
 
 def group_advantages(returns: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -69,6 +69,29 @@ def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 @dataclass
+class ChunkNoise:
+    """The randomness of sampling N chunks, drawn up front so that it can be drawn for
+    every env of a run on each process and sliced (``noise[rows]``): then what an env
+    samples does not depend on how the envs are split over processes.
+
+    Attributes:
+        start: [N, H, D] x at t = 1.
+        steps: [N, K, H, D] standard normal draws of the stochastic steps.
+        pick: [N] the one stochastic step of Flow-SDE ``hybrid``.
+    """
+
+    start: torch.Tensor
+    steps: torch.Tensor
+    pick: torch.Tensor
+
+    def __getitem__(self, rows: slice) -> ChunkNoise:
+        return ChunkNoise(self.start[rows], self.steps[rows], self.pick[rows])
+
+    def to(self, device) -> ChunkNoise:
+        return ChunkNoise(self.start.to(device), self.steps.to(device), self.pick.to(device))
+
+
+@dataclass
 class ChunkSample:
     """Action chunks drawn for N observations and what PPO needs to score them again.
 
@@ -150,12 +173,15 @@ class FlowPolicy(nn.Module):
         mask[:executed] = 1.0
         self.register_buffer("action_mask", mask, persistent=False)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write ``policy.json`` (constructor arguments) and ``policy.safetensors``."""
+    def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Write ``policy.json`` (constructor arguments) and ``policy.safetensors``: the
+        policy's own weights, or ``state_dict`` (the full weights a sharded engine
+        gathered, see ``omni_rl.engine.checkpoint.export_model``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "policy.json").write_text(json.dumps(self.settings, indent=2))
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        weights = self.state_dict() if state_dict is None else state_dict
+        tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
         save_file(tensors, directory / "policy.safetensors")
 
     @classmethod
@@ -198,37 +224,82 @@ class FlowPolicy(nn.Module):
             return v, ode_step(x, v, self.delta), bounded_std(raw, self.sigma_min, self.sigma_max)
         return v, *sde_step(x, v, t[:, None, None], self.delta, self.noise_level)
 
-    def _stochastic_steps(self, n: int, device, generator: torch.Generator | None) -> torch.Tensor:
-        """[N, K] bool: every step, or one random step per query (Flow-SDE hybrid)."""
+    def noise(self, n: int, generator: torch.Generator | None = None) -> ChunkNoise:
+        """The randomness of sampling ``n`` chunks, on the generator's device (CPU
+        without one), drawn in the order sampling uses it: the start, Flow-SDE
+        hybrid's stochastic step, then the noise of each denoising step."""
+        device = generator.device if generator is not None else torch.device("cpu")
+        shape = (n, self.horizon, self.action_dim)
+        start = torch.randn(shape, generator=generator, device=device)
+        pick = torch.zeros(n, dtype=torch.long, device=device)
         if self.method == "flow_sde" and self.sde_mode == "hybrid":
             pick = torch.randint(self.steps, (n,), generator=generator, device=device)
-            return torch.arange(self.steps, device=device)[None, :] == pick[:, None]
-        return torch.ones(n, self.steps, dtype=torch.bool, device=device)
+        steps = [torch.randn(shape, generator=generator, device=device) for _ in range(self.steps)]
+        return ChunkNoise(start, torch.stack(steps, dim=1), pick)
+
+    def _stochastic_steps(self, pick: torch.Tensor) -> torch.Tensor:
+        """[N, K] bool: every step, or the ``pick``-th one (Flow-SDE hybrid)."""
+        if self.method == "flow_sde" and self.sde_mode == "hybrid":
+            return torch.arange(self.steps, device=pick.device)[None, :] == pick[:, None]
+        return torch.ones(pick.shape[0], self.steps, dtype=torch.bool, device=pick.device)
 
     @torch.no_grad()
-    def sample(self, obs: torch.Tensor, deterministic: bool = False, generator=None) -> ChunkSample:
+    def sample(
+        self,
+        obs: torch.Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        noise: ChunkNoise | None = None,
+    ) -> ChunkSample:
         """Draw one chunk per observation; ``deterministic`` follows the ODE from the
-        start noise (no step noise), for evaluation."""
+        start noise (no step noise), for evaluation. The randomness is ``noise`` when
+        given, else drawn from ``generator``."""
+        with self._weights_dtype(obs.device):
+            return self._sample(obs, deterministic, noise if noise is not None else self.noise(obs.shape[0], generator))
+
+    def _sample(self, obs: torch.Tensor, deterministic: bool, noise: ChunkNoise) -> ChunkSample:
         n, device = obs.shape[0], obs.device
+        noise = noise.to(device)
         features = self.encoder(obs)
-        x = torch.randn(n, self.horizon, self.action_dim, generator=generator, device=device)
-        stochastic = self._stochastic_steps(n, device, generator)
+        x = noise.start
+        stochastic = self._stochastic_steps(noise.pick)
         if deterministic:
             stochastic = torch.zeros_like(stochastic)
         chain, means, stds = [x], [], []
         for k in range(self.steps):
             t = torch.full((n,), 1.0 - k * self.delta, device=device)
             v, mean, std = self._transition(x, t, features)
-            noise = torch.randn(x.shape, generator=generator, device=device)
-            x = torch.where(stochastic[:, k, None, None], mean + std * noise, ode_step(x, v, self.delta))
+            x = torch.where(stochastic[:, k, None, None], mean + std * noise.steps[:, k], ode_step(x, v, self.delta))
             chain.append(x)
             means.append(mean)
             stds.append(std)
-        chain_t = torch.stack(chain, dim=1)
+        chain_t = torch.stack(chain, dim=1).float()
         logp = chain_logprob(
             chain_t, torch.stack(means, 1), torch.stack(stds, 1), stochastic, self.method == "flow_noise"
         )
-        return ChunkSample(x, chain_t, stochastic, logp, self.value(features))
+        return ChunkSample(x.float(), chain_t, stochastic, logp.float(), self.value(features).float())
+
+    @torch.no_grad()
+    def value_of(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs) [N] outside training (bootstrapping truncated episodes)."""
+        with self._weights_dtype(obs.device):
+            return self.value(self.encoder(obs)).float()
+
+    def _weights_dtype(self, device: torch.device):
+        """Compute in the weights' dtype where it is not fp32: sampling outside
+        ``forward`` sees the bf16 weights FSDP2 gathers under bf16-mixed."""
+        dtype = next(self.parameters()).dtype
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def forward(self, obs: torch.Tensor, *tensors: torch.Tensor, bc: bool = False):
+        """The training forward, the call data-parallel wrappers hook:
+        ``policy(obs, chain, stochastic)`` is :meth:`evaluate` (PPO);
+        ``policy(obs, actions, mask, t, eps, count, bc=True)`` is :meth:`bc_loss`."""
+        if bc:
+            return self.bc_loss(obs, *tensors)
+        logp, entropy, value = self.evaluate(obs, *tensors)
+        # fp32 (bf16 autocast computes the networks) and no views (FSDP2 hooks warn about those)
+        return logp.float(), entropy.float(), value.to(torch.float32, copy=True)
 
     def evaluate(self, obs: torch.Tensor, chain: torch.Tensor, stochastic: torch.Tensor):
         """Per-element log-likelihood [N, H, D], mean entropy of the stochastic steps
@@ -245,13 +316,25 @@ class FlowPolicy(nn.Module):
         entropy = (gaussian_entropy(std) * weights).sum(dim=(1, 2, 3)) / weights.sum(dim=(1, 2, 3)).clamp(min=1.0)
         return logp, entropy, self.value(features)
 
-    def bc_loss(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def bc_loss(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        mask: torch.Tensor,
+        t: torch.Tensor | None = None,
+        eps: torch.Tensor | None = None,
+        count: float | None = None,
+    ) -> torch.Tensor:
         """Flow-matching loss on expert chunks: ``actions`` [N, H, D], ``mask`` [N, H]
-        (1 on real actions; chunks cut by an episode's end are padded)."""
+        (1 on real actions; chunks cut by an episode's end are padded), averaged over
+        the real action elements. ``t`` [N] and ``eps`` [N, H, D] are drawn when not
+        given; ``count``: the number of real elements to average over (default: this
+        batch's; a process holding part of a larger batch passes the whole batch's)."""
         features = self.encoder(obs)
-        t = torch.rand(actions.shape[0], device=obs.device)
-        eps = torch.randn_like(actions)
+        t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
+        eps = torch.randn_like(actions) if eps is None else eps
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
         error = (self.velocity(x_t, t, features) - (eps - actions)) ** 2
         weights = mask[:, :, None].expand_as(error)
-        return (error * weights).sum() / weights.sum().clamp(min=1.0)
+        count = weights.sum() if count is None else torch.tensor(float(count), device=obs.device)
+        return (error * weights).sum() / count.clamp(min=1.0)

@@ -1,126 +1,152 @@
-"""Pieces every training recipe shares: run setup, model and optimizer setup, phase
-timers and the metrics log. The loops themselves stay in their recipe files."""
+"""Pieces every training recipe shares: run setup (processes, device, seeds), model and
+data setup, phase timers and the metrics log. The loops themselves stay in their recipe
+files; optimizing goes through ``omni_rl.engine``."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from omni_rl import checkpoint
 from omni_rl.config import save_config
+from omni_rl.engine import checkpoint, distributed
+from omni_rl.engine.distributed import Ranks
+from omni_rl.engine.engine import load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
 from omni_rl.models import build_tiny, load
-from omni_rl.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
+from omni_rl.runtime import resolve_device, seed_everything, set_threads
 
 
-def start_run(cfg, resume: str | None) -> tuple[Path, Path | None]:
-    """Create the output directory, write the resolved config, pin threads, seed, and
-    find the checkpoint to resume from ('auto': the newest one; or a path)."""
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    if resume == "auto":
-        return out, checkpoint.latest(out)
-    if resume:
-        path = Path(resume)
-        if not (path / "state.json").is_file():
-            raise OmniRLError(f"{path}: not a checkpoint (no state.json)")
-        return out, path
-    return out, None
+@dataclass
+class Run:
+    """Where a run writes, which process this is, and what it resumes from."""
+
+    out: Path
+    ranks: Ranks
+    device: torch.device
+    resume_from: Path | None
 
 
-def setup_model(cfg, out: Path, resume_from: Path | None, with_reference: bool = False):
-    """The trainable model and its processor, plus a frozen reference copy when asked
-    (and not using LoRA, whose reference is the base with adapters disabled).
-
-    A tiny model is built under ``out/tiny_model`` when ``model.path`` is unset; a
-    resumed run loads the checkpoint's weights.
-    """
+def start_run(cfg, resume: str | None) -> Run:
+    """Join the torchrun process group (if any), pick this rank's device, create the
+    output directory and write the resolved config (rank 0), pin threads, seed (each
+    rank its own stream), and find the checkpoint to resume from ('auto': the newest
+    one; or a path). A checkpoint written by another process count is refused here."""
     device = resolve_device(cfg.run.device)
-    dtype = resolve_dtype(cfg.run.dtype, device)
-    base = Path(cfg.model.path) if cfg.model.path else out / "tiny_model"
-    if not cfg.model.path and not (base / "config.json").is_file():
+    ranks = distributed.init(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+    out = Path(cfg.run.output_dir)
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+    distributed.barrier()
+    set_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed + ranks.rank)
+    resume_from = None
+    if resume == "auto":
+        resume_from = checkpoint.latest(out)
+    elif resume:
+        resume_from = Path(resume)
+        if not (resume_from / "state.json").is_file():
+            raise OmniRLError(f"{resume_from}: not a checkpoint (no state.json)")
+    if resume_from is not None:
+        checkpoint.check_world_size(resume_from, ranks.world_size)
+    return Run(out, ranks, device, resume_from)
+
+
+def setup_model(cfg, run: Run, with_reference: bool = False):
+    """The trainable model (in the dtype its precision keeps master weights in) and its
+    processor, plus a frozen reference copy when asked (and not using LoRA, whose
+    reference is the base with adapters disabled). A tiny model is built under
+    ``out/tiny_model`` when ``model.path`` is unset. A resumed run's weights come from
+    its checkpoint when the engine loads it."""
+    precision = resolve_precision(cfg.trainer.precision, run.device)
+    base = model_dir(cfg, run.out)
+    if not cfg.model.path and run.ranks.is_main and not (base / "config.json").is_file():
         build_tiny(cfg.model.tiny_family, base, seed=cfg.run.seed, width=cfg.model.tiny_width)
-    lora = cfg.model.lora
-    source = resume_from / "model" if resume_from is not None and lora is None else base
-    model, processor = load(source, device=device, dtype=dtype)
+    distributed.barrier()
+    model, processor = load(base, device=run.device, dtype=load_dtype(precision))
     if cfg.model.freeze_vision_tower:
         for name, param in model.named_parameters():
             if "visual" in name:
                 param.requires_grad_(False)
+    lora = cfg.model.lora
     if lora is not None:
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import LoraConfig, get_peft_model
 
-        if resume_from is not None:
-            model = PeftModel.from_pretrained(model, resume_from / "model", is_trainable=True)
-        else:
-            targets = "|".join(lora.target_modules)
-            spec = LoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=rf".*language_model.*\.({targets})",
-            )
-            model = get_peft_model(model, spec)
+        targets = "|".join(lora.target_modules)
+        spec = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=rf".*language_model.*\.({targets})",
+        )
+        model = get_peft_model(model, spec)
     if cfg.model.gradient_checkpointing:
         # transformers >= 5.x names it activation checkpointing; older 5.x releases do not
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
     reference = None
     if with_reference and lora is None:
-        reference, _ = load(base, device=device, dtype=dtype)
-        reference.requires_grad_(False)
+        # frozen: bf16 storage is enough wherever compute is bf16
+        reference, _ = load(base, device=run.device, dtype=torch.float32 if precision == "fp32" else torch.bfloat16)
     model.train()
     return model, processor, reference
 
 
+def model_dir(cfg, out: Path) -> Path:
+    """The checkpoint a run starts from: ``model.path``, or the tiny model it builds."""
+    return Path(cfg.model.path) if cfg.model.path else out / "tiny_model"
+
+
 def setup_data(cfg):
     """The training rows (routed and checked against the reward registry) and a
-    resumable sampler over them."""
+    resumable sampler over them (the same on every rank: ranks take their share of
+    each global draw)."""
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.data.sampler import PromptSampler
     from omni_rl.preprocess.pipeline import Budgets
 
     data = cfg.data
+    if not data.train:
+        raise OmniRLError("data.train must name a dataset file")
     dataset = MediaDataset(
         data.train, Budgets.from_config(cfg.media), data.cache, data.cache_mode, data.strict, data.prompt_template
     )
     return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
 
 
-def setup_optimizer(cfg, model):
-    """The configured optimizer over trainable parameters, with linear warm-up."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise OmniRLError("no trainable parameters (is everything frozen?)")
-    optimizer = cfg.optimizer.build(params)
-    warmup = cfg.trainer.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    return optimizer, scheduler
+def per_rank(count: int, ranks: Ranks, name: str) -> int:
+    """This rank's share of a global count, which must divide evenly."""
+    if count % ranks.world_size:
+        raise OmniRLError(f"{name}={count} must be a multiple of the number of processes ({ranks.world_size})")
+    return count // ranks.world_size
 
 
-def resume_state(resume_from: Path | None, optimizer, scheduler, sampler) -> int:
-    """Restore optimizer, scheduler, RNG and sampler from a checkpoint; returns its step
-    (0 for a fresh run)."""
-    if resume_from is None:
-        return 0
-    state = checkpoint.load_state(resume_from, optimizer, scheduler)
-    sampler.load_state_dict(state["sampler"])
-    return state["step"]
+def resume_steps(cfg, run: Run, engine, sampler, desc: str):
+    """Restore a resumed run's engine state and data position, then return the metrics
+    log and the progress bar over the steps left (rank 0 writes and shows them)."""
+    start = 0
+    if run.resume_from is not None:
+        state = checkpoint.load(engine, run.resume_from)
+        sampler.load_state_dict(state["sampler"])
+        start = state["step"]
+    log = MetricsLog(run.out, start if run.resume_from else None, run.ranks.is_main, cfg.trainer.log_every)
+    steps = cfg.trainer.steps
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, disable=not run.ranks.is_main)
+    return log, bar
 
 
-def save_if_due(cfg, out: Path, step: int, model, processor, optimizer, scheduler, sampler) -> None:
+def save_if_due(cfg, run: Run, step: int, engine, processor, state: dict) -> None:
     """Checkpoint after ``step`` (1-based) every ``trainer.save_every`` steps and at the end."""
     every = cfg.trainer.save_every
     if step == cfg.trainer.steps or (every and step % every == 0):
-        checkpoint.save(
-            out, step, model, processor, optimizer, scheduler, sampler.state_dict(), keep_last=cfg.trainer.keep_last
-        )
+        checkpoint.save(engine, run.out, step, state, processor, keep_last=cfg.trainer.keep_last)
 
 
 class Timer:
@@ -150,14 +176,19 @@ class Timer:
 
 
 class MetricsLog:
-    """Per-step metrics as JSONL (``metrics.jsonl``) and TensorBoard events.
+    """Per-step metrics as JSONL (``metrics.jsonl``) and TensorBoard events, written by
+    rank 0 only, every ``every`` steps and whenever ``force`` is set (the last step).
 
     Resuming from step k keeps the rows of steps <= k and drops later ones (the resumed
     run redoes them), so the file ends up as the uninterrupted run's.
     """
 
-    def __init__(self, out: Path, resumed_step: int | None):
+    def __init__(self, out: Path, resumed_step: int | None, enabled: bool = True, every: int = 1):
         self.path = out / "metrics.jsonl"
+        self.enabled, self.every = enabled, every
+        self.writer = None
+        if not enabled:
+            return
         if resumed_step is None:
             self.path.unlink(missing_ok=True)
         elif self.path.exists():
@@ -169,7 +200,9 @@ class MetricsLog:
 
         self.writer = SummaryWriter(str(out / "tensorboard"))
 
-    def log(self, row: dict) -> None:
+    def log(self, row: dict, force: bool = False) -> None:
+        if not self.enabled or not (force or row["step"] % self.every == 0):
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         for key, value in row.items():
@@ -177,4 +210,5 @@ class MetricsLog:
                 self.writer.add_scalar(key, value, row["step"])
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -14,6 +14,12 @@ policy on them:
               clipped Huber value loss, entropy bonus, separate actor/critic rates
     EVALUATE  success rate on held-out seeds with the deterministic (ODE) sampler
     LOG, CHECKPOINT
+
+Under torchrun each process steps its share of the envs (``omni_rl.sim.rollout``).
+Everything random (initial weights, BC batches, sampling noise, mini-batch order) comes
+from one stream seeded by the run seed, drawn alike on every process for the whole run
+and sliced; mini-batches are global and losses divide by global counts: N processes
+train what one process trains.
 """
 
 from __future__ import annotations
@@ -21,183 +27,140 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
-from omni_rl import checkpoint
 from omni_rl.algorithms.flow import reduce_logprob
-from omni_rl.algorithms.ppo import clipped_surrogate, gae, group_advantages, normalize, value_loss
-from omni_rl.config import FlowPPOConfig
+from omni_rl.algorithms.ppo import clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.engine import checkpoint, distributed
+from omni_rl.engine.config import AdamWConfig
+from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
-from omni_rl.recipes.common import MetricsLog, Timer, start_run
-from omni_rl.runtime import resolve_device
+from omni_rl.recipes.common import MetricsLog, Run, Timer, per_rank, start_run
+from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.sim import make_vec_env
+from omni_rl.sim.experts import demo_chunks
+from omni_rl.sim.rollout import (
+    EnvShare,
+    Rollout,
+    collect,
+    episode_metrics,
+    episode_seeds,
+    episode_totals,
+    evaluate_success,
+)
 
 # ------------------------------------------------------------------------------ pieces
 
 
-def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int) -> FlowPolicy:
+def shared_stream(cfg: FlowPPOConfig) -> torch.Generator:
+    """The run's randomness, in the same state on every process: each draws what the
+    whole run needs and keeps its part."""
+    return torch.Generator().manual_seed(cfg.run.seed)
+
+
+def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator) -> FlowPolicy:
+    """The policy, its initial weights drawn from ``stream``."""
     p = cfg.policy
-    return FlowPolicy(
-        obs_dim,
-        action_dim,
-        horizon=p.horizon,
-        executed=p.executed,
-        steps=p.denoise_steps,
-        width=p.width,
-        encoder=p.encoder,
-        method=p.method,
-        sigma_min=p.sigma_min,
-        sigma_max=p.sigma_max,
-        noise_level=p.noise_level,
-        sde_mode=p.sde_mode,
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(stream.get_state())
+        policy = FlowPolicy(
+            obs_dim,
+            action_dim,
+            horizon=p.horizon,
+            executed=p.executed,
+            steps=p.denoise_steps,
+            width=p.width,
+            encoder=p.encoder,
+            method=p.method,
+            sigma_min=p.sigma_min,
+            sigma_max=p.sigma_max,
+            noise_level=p.noise_level,
+            sde_mode=p.sde_mode,
+        )
+        stream.set_state(torch.get_rng_state())
+    return policy
+
+
+def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
+    """This process's envs; critic-free groups stay within one process."""
+    count = per_rank(cfg.env.num_envs, run.ranks, "env.num_envs")
+    if cfg.ppo.critic_free and count % cfg.ppo.group_size:
+        raise OmniRLError(
+            f"env.num_envs={cfg.env.num_envs} over {run.ranks.world_size} processes gives {count} envs each, "
+            f"not a multiple of ppo.group_size={cfg.ppo.group_size} (a group must not straddle processes)"
+        )
+    return EnvShare(run.ranks.rank * count, count, cfg.env.num_envs)
+
+
+def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> Engine:
+    """The engine, first with behaviour cloning's optimizer: Adam (AdamW without decay)
+    over the actor, no clipping. ``strategy: auto`` is DDP with several processes."""
+    t = cfg.trainer
+    strategy = "ddp" if t.strategy == "auto" and run.ranks.distributed else t.strategy
+
+    def actor(model: FlowPolicy) -> list[dict]:
+        return [{"params": model.actor_parameters()}]
+
+    return Engine(
+        policy,
+        AdamWConfig(lr=cfg.bc.lr),
+        run.device,
+        total_steps=max(cfg.bc.steps, 1),
+        precision=t.precision,
+        strategy=strategy,
+        max_grad_norm=0.0,
+        param_groups=actor,
     )
 
 
-def demo_chunks(path: str | Path, horizon: int, episodes: int | None = None):
-    """Expert chunks from a demonstrations file: obs [M, O], actions [M, H, D] (the
-    next H actions of the same episode, the last one repeated past its end) and a
-    mask [M, H] that is 1 on real actions."""
-    path = Path(path)
-    if not path.is_file():
-        raise OmniRLError(f"{path}: demonstrations file not found (omni-rl sim collect-demos writes one)")
-    with safe_open(str(path), "pt") as f:
-        obs, actions, episode = f.get_tensor("obs"), f.get_tensor("actions"), f.get_tensor("episode")
-    if episodes is not None:  # episodes are numbered 0, 1, ... in the file
-        keep = episode < episodes
-        obs, actions, episode = obs[keep], actions[keep], episode[keep]
-    count = obs.shape[0]
-    index = torch.arange(count)
-    chunks, mask = [], []
-    last = index.clone()
-    for j in range(horizon):
-        ahead = (index + j).clamp(max=count - 1)
-        real = (index + j < count) & (episode[ahead] == episode)
-        last = torch.where(real, ahead, last)
-        chunks.append(actions[last])
-        mask.append(real)
-    return obs.float(), torch.stack(chunks, dim=1).float(), torch.stack(mask, dim=1).float()
-
-
-def behaviour_clone(policy: FlowPolicy, cfg: FlowPPOConfig, device: torch.device, log: MetricsLog) -> float:
-    """Fit the velocity field to the demonstrations; returns the last logged loss."""
-    obs, actions, mask = demo_chunks(cfg.bc.demos, policy.horizon, cfg.bc.episodes)
-    obs, actions, mask = obs.to(device), actions.to(device), mask.to(device)
-    optimizer = torch.optim.Adam(policy.actor_parameters(), lr=cfg.bc.lr)
+def behaviour_clone(engine: Engine, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog) -> float:
+    """Fit the velocity field to the demonstrations; returns the last logged loss.
+    Each step draws a global batch (rows, times, noise) from ``stream`` and this
+    process takes its slice; the loss averages over the global batch."""
+    policy, device = engine.module, run.device
+    obs, actions, mask = (x.to(device) for x in demo_chunks(cfg.bc.demos, policy.horizon, cfg.bc.episodes))
+    size = min(cfg.bc.batch_size, obs.shape[0])
+    mine = torch.tensor_split(torch.arange(size), run.ranks.world_size)[run.ranks.rank]
     running = 0.0
-    for step in tqdm(range(1, cfg.bc.steps + 1), desc="bc", unit="step"):
-        batch = torch.randint(obs.shape[0], (min(cfg.bc.batch_size, obs.shape[0]),), device=device)
-        loss = policy.bc_loss(obs[batch], actions[batch], mask[batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        running = 0.9 * running + 0.1 * loss.item() if step > 1 else loss.item()
+    for step in tqdm(range(1, cfg.bc.steps + 1), desc="bc", unit="step", disable=not run.ranks.is_main):
+        batch = torch.randint(obs.shape[0], (size,), generator=stream)
+        t = torch.rand(size, generator=stream)
+        eps = torch.randn((size, *actions.shape[1:]), generator=stream)
+        count = float(mask[batch].sum()) * actions.shape[-1]  # real action elements of the global batch
+        rows = batch[mine].to(device)
+        loss = engine.model(
+            obs[rows], actions[rows], mask[rows], t[mine].to(device), eps[mine].to(device), count, bc=True
+        )
+        engine.backward(loss)
+        engine.step()
+        (total,) = distributed.all_sum([loss.item()])
+        running = 0.9 * running + 0.1 * total if step > 1 else total
         if step % 50 == 0 or step == cfg.bc.steps:
             log.log({"step": step, "bc/loss": running, "bc/chunks": obs.shape[0]})
     return running
 
 
-@dataclass
-class ChunkOutcome:
-    """What running one chunk's executed actions in N envs gave."""
+def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
+    """PPO's optimizer: Adam with separate actor and critic rates, global-norm clipping."""
+    p = cfg.ppo
 
-    reward: torch.Tensor  # [N] summed over the executed actions (until the episode ended)
-    terminated: torch.Tensor  # [N]
-    truncated: torch.Tensor  # [N]
-    final_obs: torch.Tensor  # [N, O] the ended episode's last observation (else the next one)
-    next_obs: torch.Tensor  # [N, O]
-    episodes: list
+    def actor_and_critic(model: FlowPolicy) -> list[dict]:
+        return [
+            {"params": model.actor_parameters(), "lr": p.actor_lr},
+            {"params": model.critic_parameters(), "lr": p.critic_lr},
+        ]
 
-
-def run_chunk(env, actions: torch.Tensor, executed: int) -> ChunkOutcome:
-    """Step the first ``executed`` actions of each chunk ([N, H, D]). An episode that
-    ends mid-chunk counts only its own rewards; the env has already reset, and the
-    chunk's leftover actions run in the new episode."""
-    n = actions.shape[0]
-    reward = torch.zeros(n)
-    terminated = torch.zeros(n, dtype=torch.bool)
-    truncated = torch.zeros(n, dtype=torch.bool)
-    final_obs, episodes, result = None, [], None
-    for j in range(executed):
-        result = env.step(actions[:, j].to(env.device))
-        alive = ~(terminated | truncated)
-        reward += result.reward.cpu().float() * alive
-        ended = alive & result.done.cpu()
-        terminated |= ended & result.terminated.cpu()
-        truncated |= ended & ~result.terminated.cpu()
-        last = result.final_obs.cpu().float()
-        final_obs = last if final_obs is None else torch.where(ended[:, None], last, final_obs)
-        episodes += result.episodes
-    next_obs = result.obs.cpu().float()
-    final_obs = torch.where((terminated | truncated)[:, None], final_obs, next_obs)
-    return ChunkOutcome(reward, terminated, truncated, final_obs, next_obs, episodes)
-
-
-@dataclass
-class Rollout:
-    """T chunks of N envs. obs [T, N, O]; chain [T, N, K+1, H, D]; stochastic [T, N, K];
-    logp [T, N, H, D]; values, rewards, next_values [T, N]; terminated, done, valid [T, N]."""
-
-    obs: torch.Tensor
-    chain: torch.Tensor
-    stochastic: torch.Tensor
-    logp: torch.Tensor
-    values: torch.Tensor
-    rewards: torch.Tensor
-    next_values: torch.Tensor
-    terminated: torch.Tensor
-    done: torch.Tensor
-    valid: torch.Tensor
-
-
-def episode_seeds(cfg: FlowPPOConfig, iteration: int) -> list[int]:
-    """Training seeds of an iteration; critic-free groups share theirs."""
-    n, group = cfg.env.num_envs, cfg.ppo.group_size if cfg.ppo.critic_free else 1
-    base = cfg.run.seed * 100_003 + iteration * n
-    return [(base + i // group) % cfg.trainer.eval_seed for i in range(n)]
-
-
-def collect(policy: FlowPolicy, env, cfg: FlowPPOConfig, iteration: int, device) -> tuple[Rollout, list]:
-    """One episode's worth of chunks in every env, from this iteration's seeds."""
-    chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
-    obs = env.reset(seed=episode_seeds(cfg, iteration)).cpu().float()
-    steps: dict[str, list] = {k: [] for k in Rollout.__dataclass_fields__}
-    episodes = []
-    ended = torch.zeros(env.num_envs, dtype=torch.bool)
-    for _ in range(chunks):
-        sample = policy.sample(obs.to(device))
-        outcome = run_chunk(env, sample.actions, policy.executed)
-        done = outcome.terminated | outcome.truncated
-        with torch.no_grad():
-            bootstrap = policy.value(policy.encoder(outcome.final_obs.to(device))).cpu()
-        for key, value in (
-            ("obs", obs),
-            ("chain", sample.chain.cpu()),
-            ("stochastic", sample.stochastic.cpu()),
-            ("logp", sample.logp.cpu()),
-            ("values", sample.value.cpu()),
-            ("rewards", outcome.reward),
-            ("next_values", bootstrap),
-            ("terminated", outcome.terminated),
-            ("done", done),
-            ("valid", ~ended),  # critic-free: each env's first episode only
-        ):
-            steps[key].append(value)
-        ended |= done
-        episodes += outcome.episodes
-        obs = outcome.next_obs
-    # the rollout's last chunk is cut by the iteration's end where no episode ended there
-    steps["done"][-1] = torch.ones(env.num_envs, dtype=torch.bool)
-    return Rollout(**{k: torch.stack(v) for k, v in steps.items()}), episodes
+    steps = cfg.trainer.iterations * p.epochs * p.minibatches
+    engine.use_optimizer(
+        AdamWConfig(lr=p.actor_lr), steps, param_groups=actor_and_critic, max_grad_norm=p.max_grad_norm
+    )
 
 
 def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, N] advantages and value targets."""
+    """[T, N] advantages and value targets (per env: this process's envs suffice)."""
     if not cfg.ppo.critic_free:
         return gae(
             rollout.rewards,
@@ -214,10 +177,66 @@ def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torc
     return adv.clone(), returns[None, :].expand_as(rollout.rewards).clone()
 
 
-def update(policy: FlowPolicy, optimizer, rollout: Rollout, adv, returns, cfg: FlowPPOConfig, device) -> dict:
-    """PPO epochs over mini-batches of valid chunks; returns averaged diagnostics."""
+def minibatches(rollout: Rollout, envs: EnvShare, cfg: FlowPPOConfig, stream: torch.Generator):
+    """One epoch's global mini-batches: a permutation (from ``stream``) of the valid
+    chunks of every process (global index ``t * total + env``), cut in
+    ``ppo.minibatches``. Yields (global size, this process's members as local indices
+    ``t * count + i``)."""
+    valid = torch.cat(distributed.gather_objects([rollout.valid]), dim=1)  # [T, total]
+    index = torch.nonzero(valid.flatten()).flatten()
+    order = index[torch.randperm(index.numel(), generator=stream)]
+    for batch in order.chunk(cfg.ppo.minibatches):
+        t, env = batch // envs.total, batch % envs.total
+        here = (env >= envs.start) & (env < envs.start + envs.count)
+        yield batch.numel(), t[here] * envs.count + env[here] - envs.start
+
+
+def advantage_scales(batches: list, adv: torch.Tensor) -> list[tuple[float, float]]:
+    """(mean, std + 1e-8) of each global mini-batch's advantages, from every process's
+    sums; (0, 1) for a mini-batch of one."""
+    local = [[m.numel(), adv[m].double().sum().item(), adv[m].double().square().sum().item()] for _, m in batches]
+    summed = distributed.all_sum([x for moments in local for x in moments])
+    scales = []
+    for j in range(len(batches)):
+        n, total, squares = summed[3 * j : 3 * j + 3]
+        if n <= 1:
+            scales.append((0.0, 1.0))
+            continue
+        mean = total / n
+        scales.append((mean, math.sqrt(max(squares - n * mean * mean, 0.0) / (n - 1)) + 1e-8))
+    return scales
+
+
+def ppo_loss(engine: Engine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of chunks ``b`` summed over them (the caller divides by the global
+    mini-batch size), and their diagnostics: sums, and the largest ratio."""
+    p, policy = cfg.ppo, engine.module
+    logp, entropy, value = engine.model(b["obs"], b["chain"], b["stochastic"])
+    if p.ratio == "element":
+        mask = policy.action_mask.bool()
+        new, old = logp[:, mask], b["logp"][:, mask]
+    else:
+        new = reduce_logprob(logp, policy.action_mask, cfg.policy.logprob)
+        old = reduce_logprob(b["logp"], policy.action_mask, cfg.policy.logprob)
+    policy_loss, stats = clipped_surrogate(new, old, adv, p.clip_low, p.clip_high, reduction="sum")
+    loss = policy_loss - p.entropy_coef * entropy.sum()
+    n = adv.shape[0]
+    record = {"n": n, "policy_loss": policy_loss.item(), "entropy": entropy.sum().item()}
+    record.update({k: stats[k] * n for k in ("ratio_mean", "clip_fraction", "approx_kl")})
+    record["ratio_max"] = stats["ratio_max"]
+    if not p.critic_free:
+        v_loss = value_loss(value, b["values"], b["returns"], p.value_clip, p.huber_delta, reduction="sum")
+        loss = loss + p.value_coef * v_loss
+        record["value_loss"] = v_loss.item()
+    return loss, record
+
+
+def update(
+    engine: Engine, rollout: Rollout, adv, returns, cfg: FlowPPOConfig, envs: EnvShare, stream: torch.Generator
+) -> dict:
+    """PPO epochs over global mini-batches of valid chunks, one optimizer step each;
+    returns the diagnostics averaged over mini-batches."""
     p = cfg.ppo
-    index = torch.nonzero(rollout.valid.flatten()).flatten()
     flat = {
         "obs": rollout.obs.flatten(0, 1),
         "chain": rollout.chain.flatten(0, 1),
@@ -227,77 +246,47 @@ def update(policy: FlowPolicy, optimizer, rollout: Rollout, adv, returns, cfg: F
         "adv": adv.flatten(),
         "returns": returns.flatten(),
     }
-    mask = policy.action_mask.bool()
-    totals: dict[str, float] = {}
-    updates = 0
+    records, grad_norms = [], []
     for _ in range(p.epochs):
-        order = index[torch.randperm(index.numel())]
-        for batch in order.chunk(p.minibatches):
-            b = {k: v[batch].to(device) for k, v in flat.items()}
-            logp, entropy, value = policy.evaluate(b["obs"], b["chain"], b["stochastic"])
-            a = normalize(b["adv"]) if p.normalize_advantages and batch.numel() > 1 else b["adv"]
-            if p.ratio == "element":
-                policy_loss, stats = clipped_surrogate(logp[:, mask], b["logp"][:, mask], a, p.clip_low, p.clip_high)
+        batches = list(minibatches(rollout, envs, cfg, stream))
+        scales = advantage_scales(batches, flat["adv"]) if p.normalize_advantages else [(0.0, 1.0)] * len(batches)
+        for (size, mine), (mean, std) in zip(batches, scales, strict=True):
+            # a process without members still runs a forward and backward (weight 0):
+            # data-parallel wrappers reduce gradients in every process together
+            weight = 1.0 if mine.numel() else 0.0
+            b = {k: v[mine if mine.numel() else [0]].to(engine.device) for k, v in flat.items()}
+            loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg)
+            engine.backward(loss * (weight / size))
+            grad_norms.append(engine.step().grad_norm)
+            records.append(record if weight else {"n": 0})
+    return mean_diagnostics(records, grad_norms)
+
+
+def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
+    """Every process's diagnostics of each mini-batch combined (sums over the global
+    count, the largest ratio), then averaged over mini-batches."""
+    totals = {"grad_norm": sum(grad_norms)}
+    for batch in zip(*distributed.gather_objects([records]), strict=True):
+        count = sum(r["n"] for r in batch)
+        for key in sorted({k for r in batch for k in r} - {"n"}):
+            if key == "ratio_max":
+                value = max(r.get(key, -math.inf) for r in batch)
             else:
-                new = reduce_logprob(logp, policy.action_mask, cfg.policy.logprob)
-                old = reduce_logprob(b["logp"], policy.action_mask, cfg.policy.logprob)
-                policy_loss, stats = clipped_surrogate(new, old, a, p.clip_low, p.clip_high)
-            loss = policy_loss - p.entropy_coef * entropy.mean()
-            if not p.critic_free:
-                v_loss = value_loss(value, b["values"], b["returns"], p.value_clip, p.huber_delta)
-                loss = loss + p.value_coef * v_loss
-                stats["value_loss"] = v_loss.item()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), p.max_grad_norm or float("inf"))
-            optimizer.step()
-            stats.update(policy_loss=policy_loss.item(), entropy=entropy.mean().item(), grad_norm=grad_norm.item())
-            for key, value_ in stats.items():
-                totals[key] = totals.get(key, 0.0) + value_
-            updates += 1
-    return {f"train/{k}": v / max(updates, 1) for k, v in totals.items()}
+                value = sum(r.get(key, 0.0) for r in batch) / count
+            totals[key] = totals.get(key, 0.0) + value
+    return {f"train/{k}": v / max(len(grad_norms), 1) for k, v in totals.items()}
 
 
-@torch.no_grad()
-def evaluate_success(policy: FlowPolicy, env, episodes: int, first_seed: int, max_steps: int, device) -> dict:
-    """Success rate, return and length of the first episode from each of ``episodes``
-    held-out seeds, with the deterministic sampler (fixed start noise per seed)."""
-    n = env.num_envs
-    chunks = math.ceil(max_steps / policy.executed)
-    first: dict[int, object] = {}
-    generator = torch.Generator(device=device).manual_seed(first_seed)
-    for start in range(0, episodes, n):
-        seeds = [first_seed + start + i for i in range(n)]
-        obs = env.reset(seed=seeds).float()
-        seen: dict[int, object] = {}
-        for _ in range(chunks):
-            sample = policy.sample(obs.to(device), deterministic=True, generator=generator)
-            outcome = run_chunk(env, sample.actions, policy.executed)
-            for ep in outcome.episodes:
-                seen.setdefault(ep.env, ep)
-            obs = outcome.next_obs
-            if len(seen) == n:
-                break
-        for i in range(min(n, episodes - start)):
-            if i in seen:
-                first[start + i] = seen[i]
-    stats = list(first.values())
-    return {
-        "success": sum(ep.success_once for ep in stats) / max(episodes, 1),
-        "return": sum(ep.ret for ep in stats) / max(len(stats), 1),
-        "length": sum(ep.length for ep in stats) / max(len(stats), 1),
-    }
-
-
-def _episode_metrics(episodes: list) -> dict:
-    if not episodes:
-        return {}
-    return {
-        "env/success_once": sum(e.success_once for e in episodes) / len(episodes),
-        "env/return": sum(e.ret for e in episodes) / len(episodes),
-        "env/episode_length": sum(e.length for e in episodes) / len(episodes),
-        "env/episodes": len(episodes),
-    }
+def evaluate(engine: Engine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
+    """Held-out success, return and length: each process plays its share of the seeds
+    with the full policy; the totals add up over processes."""
+    t = cfg.trainer
+    with engine.gathered():
+        episodes = evaluate_success(
+            engine.module, env, envs, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, engine.device
+        )
+    success, ret, length, count = distributed.all_sum(episode_totals(episodes))
+    return {"success": success / t.eval_episodes, "return": ret / max(count, 1), "length": length / max(count, 1)}
 
 
 # ------------------------------------------------------------------------------ train
@@ -307,95 +296,103 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
     """Run BC (when demos are given) and PPO; returns the summary (also written to
     ``summary.json``): held-out success after BC and after RL, env steps, seconds."""
     started = time.perf_counter()
-    out, resume_from = start_run(cfg, resume)
-    device = resolve_device(cfg.run.device)
+    run = start_run(cfg, resume)
+    envs = env_share(cfg, run)
     env = make_vec_env(
         cfg.env.task,
-        cfg.env.num_envs,
+        envs.count,
         backend=cfg.env.backend,
         obs_mode=cfg.env.obs_mode,
         control_mode=cfg.env.control_mode,
-        seed=cfg.run.seed,
+        seed=cfg.run.seed + envs.start,
         max_episode_steps=cfg.env.max_episode_steps,
         ignore_terminations=cfg.env.ignore_terminations,
     )
     try:
-        return _train(cfg, out, resume_from, env, device, started)
+        return _train(cfg, run, envs, env, started)
     finally:
         env.close()
 
 
-def _train(cfg: FlowPPOConfig, out: Path, resume_from: Path | None, env, device, started: float) -> dict:
+def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) -> dict:
     t, p = cfg.trainer, cfg.ppo
-    if resume_from is not None:
-        policy = FlowPolicy.from_pretrained(resume_from / "model").to(device)
-    else:
-        policy = build_policy(cfg, env.obs_dim, env.action_dim).to(device)
-    optimizer = torch.optim.Adam(
-        [
-            {"params": policy.actor_parameters(), "lr": p.actor_lr},
-            {"params": policy.critic_parameters(), "lr": p.critic_lr},
-        ]
-    )
+    stream = shared_stream(cfg)
+    policy = build_policy(cfg, env.obs_dim, env.action_dim, stream).to(run.device)
+    engine = make_engine(policy, cfg, run)
     start, summary = 0, {}
-    if resume_from is not None:
-        state = checkpoint.load_state(resume_from, optimizer, None)
-        start, summary = state["step"], state["extra"]
-    log = MetricsLog(out, start if resume_from is not None else None)
-
-    def evaluate() -> dict:
-        return evaluate_success(policy, env, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, device)
 
     # WARM START: behaviour cloning, then the held-out success RL starts from
-    if resume_from is None:
+    if run.resume_from is None:
         if cfg.bc.demos:
-            bc_log = MetricsLog(out / "bc", None)
-            summary["bc_loss"] = behaviour_clone(policy, cfg, device, bc_log)
+            bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
+            summary["bc_loss"] = behaviour_clone(engine, cfg, run, stream, bc_log)
             bc_log.close()
-        start_eval = evaluate()
+        start_eval = evaluate(engine, env, envs, cfg)
         summary["success_bc"] = start_eval["success"]
         summary["env_steps"] = 0
-        log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}})
-    bar = tqdm(range(start, t.iterations), initial=start, total=t.iterations, desc="flow_ppo")
+    # PPO's optimizer; a resumed run restores it, the weights and the shared stream
+    use_ppo_optimizer(engine, cfg)
+    if run.resume_from is not None:
+        state = checkpoint.load(engine, run.resume_from)
+        start, summary = state["step"], state["summary"]
+        stream.set_state(torch.tensor(state["stream"], dtype=torch.uint8))
+    log = MetricsLog(run.out, start if run.resume_from is not None else None, enabled=run.ranks.is_main)
+    if run.resume_from is None:
+        log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)
+
+    chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
+    group = p.group_size if p.critic_free else 1
+    bar = tqdm(
+        range(start, t.iterations), initial=start, total=t.iterations, desc="flow_ppo", disable=not run.ranks.is_main
+    )
     row: dict = {}
     for iteration in bar:
         timer = Timer()
-        # ROLLOUT: one episode's worth of chunks per env
-        with timer("rollout"):
-            rollout, episodes = collect(policy, env, cfg, iteration, device)
-        env_steps = rollout.rewards.numel() * policy.executed
+        # ROLLOUT: one episode's worth of chunks per env, this process's share of them
+        with timer("rollout"), engine.gathered():
+            seeds = episode_seeds(cfg.run.seed, iteration, envs.total, group, t.eval_seed)
+            rollout, episodes = collect(policy, env, envs, seeds, chunks, stream, run.device)
+        env_steps = chunks * envs.total * policy.executed
         summary["env_steps"] = summary.get("env_steps", 0) + env_steps
         # ADVANTAGE + UPDATE
         with timer("update"):
             adv, returns = advantages(rollout, cfg)
-            metrics = update(policy, optimizer, rollout, adv, returns, cfg, device)
-        # LOG
+            metrics = update(engine, rollout, adv, returns, cfg, envs, stream)
+        # LOG: episode totals add up over processes, timings are averaged
+        timing = distributed.mean_metrics(
+            {
+                **timer.metrics(),
+                "throughput/env_steps_per_s": env_steps / max(timer.total, 1e-9),
+                "throughput/rollout_env_steps_per_s": env_steps / max(timer.seconds["rollout"], 1e-9),
+            }
+        )
         row = {
             "step": iteration + 1,
-            **_episode_metrics(episodes),
+            **episode_metrics(distributed.all_sum(episode_totals(episodes))),
             **metrics,
-            **timer.metrics(),
+            **engine.metrics(),
+            **timing,
             "policy/noise_std": math.exp(metrics.get("train/entropy", 0.0) - 0.5 * (math.log(2 * math.pi) + 1)),
-            "throughput/env_steps_per_s": env_steps / max(timer.total, 1e-9),
-            "throughput/rollout_env_steps_per_s": env_steps / max(timer.seconds["rollout"], 1e-9),
             "env_steps": summary["env_steps"],
         }
         # EVALUATE
         last = iteration + 1 == t.iterations
         if last or (t.eval_every and (iteration + 1) % t.eval_every == 0):
-            row.update({f"eval/{k}": v for k, v in evaluate().items()})
-        log.log(row)
+            row.update({f"eval/{k}": v for k, v in evaluate(engine, env, envs, cfg).items()})
+        log.log(row, force=True)
         bar.set_postfix(
             success=f"{row.get('env/success_once', 0):.2f}", steps_s=f"{row['throughput/env_steps_per_s']:.0f}"
         )
         # CHECKPOINT
         if last or (t.save_every and (iteration + 1) % t.save_every == 0):
-            checkpoint.save(out, iteration + 1, policy, None, optimizer, None, {}, summary, keep_last=t.keep_last)
+            state = {"summary": summary, "stream": stream.get_state().tolist()}
+            checkpoint.save(engine, run.out, iteration + 1, state, keep_last=t.keep_last)
     log.close()
     summary.update(
         success_rl=row.get("eval/success", summary.get("success_rl")),
         iterations=t.iterations,
         seconds=round(time.perf_counter() - started, 1),
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if run.ranks.is_main:
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -9,64 +9,79 @@ log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from omni_rl.algorithms.advantages import compute_advantages
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
-from omni_rl.config import GRPOConfig
 from omni_rl.data.dataset import Sample, encode_sample
+from omni_rl.engine import distributed
+from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import full_forward, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
-    MetricsLog,
     Timer,
-    resume_state,
+    model_dir,
+    per_rank,
+    resume_steps,
     save_if_due,
     setup_data,
     setup_model,
-    setup_optimizer,
     start_run,
 )
+from omni_rl.recipes.grpo_config import GRPOConfig
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout import build_engine
 from omni_rl.rollout.hf import SamplingParams, concat_rollouts, select_groups
-
-MAX_BAD_STEPS = 3
-
 
 # ---------------------------------------------------------------------- step helpers
 
 
 @dataclass
 class Batch:
-    """One step's prompts, their encoded inputs, and everything rolled out for them."""
+    """One step's prompts on this rank, their encoded inputs and sampling seeds.
+    ``filler``: the rank kept no group of its own this step (dynamic sampling) and trains
+    on one with zero weight, so that its forwards stay in step with the other ranks'."""
 
     samples: list[Sample]
     encoded: list[dict]
+    seeds: list[int]
+    filler: bool = False
 
 
-def _draw(dataset, sampler, count, processor, max_prompt_length, skipped) -> Batch:
-    """``count`` prompts, skipping (and counting) those longer than the limit: their
-    media tokens are never cut."""
-    samples, encoded = [], []
-    while len(samples) < count:
-        for index in sampler.next_batch(count - len(samples)):
+def prompt_seed(seed: int, step: int, round_: int, index: int) -> int:
+    """The sampling seed of dataset row ``index`` drawn in ``round_`` of ``step``: the
+    same on whichever rank rolls it out."""
+    return ((seed * 1_000_003 + step) * 1_000_033 + round_ * 7_919 + index) % 2**31
+
+
+def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, salt: tuple[int, int]) -> Batch:
+    """This rank's ``count`` prompts, skipping (and counting) those longer than the
+    limit (their media tokens are never cut). Every rank draws the same global indices
+    from the shared sampler and takes its own slice, refilling together until every
+    rank has its count."""
+    rank = distributed.ranks().rank
+    samples, encoded, seeds = [], [], []
+    while True:
+        needs = distributed.all_gather_ints(count - len(samples))
+        if not sum(needs):
+            return Batch(samples, encoded, seeds)
+        indices = sampler.next_batch(sum(needs))
+        start = sum(needs[:rank])
+        for index in indices[start : start + needs[rank]]:
             sample = dataset[index]
             inputs = encode_sample(processor, sample)
-            if inputs["input_ids"].shape[1] > max_prompt_length:
+            if inputs["input_ids"].shape[1] > cfg.rollout.max_prompt_length:
                 skipped["prompt_too_long"] += 1
                 continue
             samples.append(sample)
             encoded.append(dict(inputs))
-        if skipped["prompt_too_long"] > 100 * count:
-            raise OmniRLError(f"nearly every prompt exceeds rollout.max_prompt_length={max_prompt_length}")
-    return Batch(samples, encoded)
+            seeds.append(prompt_seed(cfg.run.seed, *salt, index))
+        if skipped["prompt_too_long"] > 100 * max(count, 1):
+            raise OmniRLError(f"nearly every prompt exceeds rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
 
 
 def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
@@ -75,19 +90,24 @@ def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
     return score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
 
 
-def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
-    """Sample, roll out and score until the step has ``prompts_per_step`` prompts (with
-    dynamic sampling: prompts whose G rewards differ, within ``max_resample_rounds``
-    extra rounds). Returns (batch, rollouts, results, rewards [B*G])."""
-    algo, n, want = cfg.algorithm, cfg.rollout.n, cfg.data.prompts_per_step
+def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, step: int, skipped: dict, timer):
+    """Sample, roll out and score until this rank has its share of ``prompts_per_step``
+    (with dynamic sampling: prompts whose G rewards differ, within
+    ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
+    so that collectives stay in step). Returns (batch, rollouts, results, rewards [B*G])."""
+    algo, n = cfg.algorithm, cfg.rollout.n
+    want = per_rank(cfg.data.prompts_per_step, distributed.ranks(), "data.prompts_per_step")
     pad = processor.tokenizer.pad_token_id
-    samples, encoded, parts, results, rewards = [], [], [], [], []
+    samples, encoded, seeds, parts, results, rewards = [], [], [], [], [], []
     rounds = 0
-    while rounds == 0 or (algo.dynamic_sampling and rounds <= algo.max_resample_rounds and len(samples) < want):
+    while True:
+        short = distributed.all_max(want - len(samples))
+        if rounds and (not algo.dynamic_sampling or rounds > algo.max_resample_rounds or not short):
+            break
         rounds += 1
         with timer("rollout"):
-            drawn = _draw(dataset, sampler, want - len(samples), processor, cfg.rollout.max_prompt_length, skipped)
-            rollouts = engine.rollout(drawn.samples, drawn.encoded, n, sampling)
+            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, (step, rounds))
+            rollouts = engine.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
             reward = torch.tensor([r.score for r in scored])
@@ -101,21 +121,30 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ski
             informative = informative_groups(reward, n)
             keep = [i for i in keep if informative[i]]
             skipped["groups_filtered"] += len(drawn.samples) - len(keep)
+        keep = keep[: want - len(samples)]  # a rank that is full rolls out only to stay in step
         rows = [i * n + g for i in keep for g in range(n)]
         samples += [drawn.samples[i] for i in keep]
         encoded += [drawn.encoded[i] for i in keep]
+        seeds += [drawn.seeds[i] for i in keep]
         parts.append(select_groups(rollouts, keep))
         results += [scored[r] for r in rows]
         rewards.append(reward[rows])
     skipped["sampling_rounds"] = rounds
-    return Batch(samples, encoded), concat_rollouts(parts, pad), results, torch.cat(rewards)
+    batch = Batch(samples, encoded, seeds)
+    if distributed.all_max(len(samples)) and not samples:
+        # nothing kept here while other ranks train: one group with zero weight
+        batch = Batch(drawn.samples[:1], drawn.encoded[:1], drawn.seeds[:1], filler=True)
+        parts.append(select_groups(rollouts, [0]))
+        rewards.append(reward[:n])
+    return batch, concat_rollouts(parts, pad), results, torch.cat(rewards)
 
 
-def _policy_loss(out, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
-    """The loss of one mini-batch and its diagnostics."""
+def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig):
+    """This micro-batch's share of its mini-batch's loss (sums divided by the whole
+    mini-batch's ``denominator`` over every rank), and its diagnostics."""
     algo = cfg.algorithm
     if algo.loss == "gspo":
-        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, algo.eps_low, algo.eps_high)
+        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, algo.eps_low, algo.eps_high, denominator)
     else:
         loss, stats = clipped_policy_loss(
             out.logp,
@@ -127,22 +156,23 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
             algo.dual_clip,
             algo.aggregation,
             cfg.rollout.max_new_tokens,
+            denominator,
         )
-    metrics = {
-        "loss/policy": loss.item(),
+    sums = {"loss/policy": loss.item()}
+    means = {
         "loss/clip_fraction": stats.clip_fraction,
         "loss/ratio_mean": stats.ratio_mean,
         "loss/ratio_max": stats.ratio_max,
     }
     if ref_logp is not None and not algo.kl_in_reward:
-        kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, algo.aggregation)
+        kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, algo.aggregation, None, denominator)
         loss = loss + algo.kl_coef * kl
-        metrics["loss/kl"] = kl.item()
+        sums["loss/kl"] = kl.item()
     if out.entropy is not None:
-        entropy = aggregate(out.entropy, mask, algo.aggregation)
+        entropy = aggregate(out.entropy, mask, algo.aggregation, None, denominator)
         loss = loss - algo.entropy_coef * entropy
-        metrics["actor/entropy"] = entropy.item()
-    return loss, metrics
+        sums["actor/entropy"] = entropy.item()
+    return loss, sums, means
 
 
 def _checkpointing(model) -> bool:
@@ -154,33 +184,36 @@ def _checkpointing(model) -> bool:
     return False
 
 
-def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg: GRPOConfig, **entropy):
-    """Log-probs of the completions of the prompts in ``chunk``: each prompt computed once
-    per group, or, under gradient checkpointing (which cannot keep a KV cache), copied
-    once per completion."""
+def _logprobs(engine: Engine, model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, **entropy):
+    """Log-probs of the completions of the prompts in ``chunk`` through ``model`` (the
+    engine's training model, or the reference): each prompt computed once per group,
+    or, under gradient checkpointing (which cannot keep a KV cache), copied once per
+    completion."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
-    if _checkpointing(model) and model.training:
+    if model is engine.model and _checkpointing(engine.module) and engine.module.training:
         expanded = collate_prompts([batch.encoded[p] for p in chunk for _ in range(n)], pad_id)
         return full_forward(
-            model, _to(expanded, model.device), ids[rows], mask[rows], cfg.rollout.temperature, **entropy
+            model, _to(expanded, engine.device), ids[rows], mask[rows], cfg.rollout.temperature, **entropy
         )
     inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
-    return group_forward(model, _to(inputs, model.device), ids[rows], mask[rows], n, cfg.rollout.temperature, **entropy)
+    return group_forward(
+        model, _to(inputs, engine.device), ids[rows], mask[rows], n, cfg.rollout.temperature, **entropy
+    )
 
 
-def _reference_logp(model, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
+def _reference_logp(engine: Engine, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
     if reference is not None:
-        return _logprobs(reference, batch, chunk, ids, mask, pad_id, cfg).logp
-    with model.disable_adapter():  # LoRA: the reference is the base without adapters
-        return _logprobs(model, batch, chunk, ids, mask, pad_id, cfg).logp
+        return _logprobs(engine, reference, batch, chunk, ids, mask, pad_id, cfg).logp
+    with engine.module.disable_adapter():  # LoRA: the reference is the base without adapters
+        return _logprobs(engine, engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
 
 
 @torch.no_grad()
-def _sequence_kl(model, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
+def _sequence_kl(engine: Engine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
     """Summed per-token KL estimate of each completion: [B*G]."""
-    ids, everything = rollouts.completion_ids.to(model.device), list(range(len(batch.samples)))
-    logp = _logprobs(model, batch, everything, ids, mask, pad_id, cfg).logp
-    ref = _reference_logp(model, reference, batch, everything, ids, mask, pad_id, cfg)
+    ids, everything = rollouts.completion_ids.to(engine.device), list(range(len(batch.samples)))
+    logp = _logprobs(engine, engine.model, batch, everything, ids, mask, pad_id, cfg).logp
+    ref = _reference_logp(engine, reference, batch, everything, ids, mask, pad_id, cfg)
     return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask).sum(-1)
 
 
@@ -188,16 +221,26 @@ def _to(inputs: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def _rollout_metrics(rollouts, cfg: GRPOConfig) -> dict:
-    if not len(rollouts.lengths):
+def _rollout_metrics(rollouts) -> dict:
+    """Response lengths over every rank's completions."""
+    count, total, clipped, longest = distributed.all_sum(
+        [len(rollouts.lengths), float(rollouts.lengths.sum()), float(rollouts.truncated.sum()), 0.0]
+    )
+    if not count:
         return {}
-    lengths = rollouts.lengths.float()
+    longest = distributed.all_max(int(rollouts.lengths.max()) if len(rollouts.lengths) else 0)
     return {
-        "response/length_mean": lengths.mean().item(),
-        "response/length_max": lengths.max().item(),
-        "response/clipped_fraction": rollouts.truncated.float().mean().item(),
-        "rollout/tokens": int(lengths.sum()),
+        "response/length_mean": total / count,
+        "response/length_max": longest,
+        "response/clipped_fraction": clipped / count,
+        "rollout/tokens": int(total),
     }
+
+
+def _updates_per_step(cfg: GRPOConfig) -> int:
+    """Optimizer steps per training step (the schedule's unit)."""
+    mini = cfg.algorithm.mini_batch_prompts or cfg.data.prompts_per_step
+    return cfg.algorithm.epochs * -(-cfg.data.prompts_per_step // mini)
 
 
 # ------------------------------------------------------------------------------ train
@@ -206,61 +249,62 @@ def _rollout_metrics(rollouts, cfg: GRPOConfig) -> dict:
 def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     """Run GRPO; returns the last step's metrics. ``resume``: None, 'auto' or a
     checkpoint directory."""
-    out, resume_from = start_run(cfg, resume)
-
+    run = start_run(cfg, resume)
     load_plugins(cfg.rewards.custom)
-    model, processor, reference = setup_model(cfg, out, resume_from, with_reference=cfg.algorithm.kl_coef > 0)
+    model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     dataset, sampler = setup_data(cfg)
-    optimizer, scheduler = setup_optimizer(cfg, model)
-    engine = build_engine(cfg, model, processor, Path(cfg.model.path) if cfg.model.path else out / "tiny_model")
+    total = cfg.trainer.steps * _updates_per_step(cfg)
+    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
+    if reference is not None:
+        reference = engine.wrap_frozen(reference)
+    rollout = build_engine(cfg, engine.module, processor, model_dir(cfg, run.out))
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
-    start_step, bad_steps = resume_state(resume_from, optimizer, scheduler, sampler), 0
-    log = MetricsLog(out, start_step if resume_from is not None else None)
+    log, bar = resume_steps(cfg, run, engine, sampler, "grpo")
+    rollout.load_weights(engine.module)  # a resumed policy differs from the checkpoint it started from
     row: dict = {}
-    bar = tqdm(range(start_step, cfg.trainer.steps), initial=start_step, total=cfg.trainer.steps, desc="grpo")
     for step in bar:
         timer = Timer()
         skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
-        batch, rollouts, results, rewards = _collect(dataset, sampler, engine, processor, sampling, cfg, skipped, timer)
-        types = [s.problem_type for s in batch.samples for _ in range(n)]
-        sources = [s.data_source for s in batch.samples for _ in range(n)]
-        # ADVANTAGE: group-relative; dynamic sampling keeps groups that can teach
+        batch, rollouts, results, rewards = _collect(
+            dataset, sampler, rollout, processor, sampling, cfg, step, skipped, timer
+        )
+        types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
+        sources = [s.data_source for s in batch.samples for _ in range(n)] if not batch.filler else []
+        # ADVANTAGE: group-relative, within each rank's own groups
         with timer("advantage"):
-            mask = rollouts.completion_mask.to(model.device)
+            mask = rollouts.completion_mask.to(run.device)
             if algo.overlong == "mask":
-                mask = mask_truncated(mask, rollouts.truncated.to(model.device))
+                mask = mask_truncated(mask, rollouts.truncated.to(run.device))
+            if batch.filler:
+                mask = torch.zeros_like(mask)
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
-                rewards = rewards - algo.kl_coef * _sequence_kl(model, reference, batch, rollouts, mask, pad, cfg).cpu()
-            advantages = compute_advantages(algo.advantage, rewards, n).to(model.device)
+                kl = _sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg)
+                rewards = rewards - algo.kl_coef * kl.cpu()
+            advantages = compute_advantages(algo.advantage, rewards, n).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
-            update = _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, pad, cfg)
-            engine.load_weights(model)
-        bad_steps = bad_steps + 1 if update.get("skipped_nan") else 0
-        if bad_steps >= MAX_BAD_STEPS:
-            raise OmniRLError(
-                f"step {step + 1}: the loss was NaN or infinite {MAX_BAD_STEPS} steps in a row; "
-                "lower optimizer.lr or check the data"
-            )
-        # LOG
+            update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg)
+            rollout.load_weights(engine.module)
+        # LOG: every rank's rewards and diagnostics
+        everything = distributed.gather_objects(list(zip(results, types, sources, strict=True)))
+        scores = reward_metrics(*map(list, zip(*everything, strict=True))) if everything else {}
         row = {
             "step": step + 1,
-            **reward_metrics(results, types, sources),
+            **scores,
+            **distributed.mean_metrics({**timer.metrics(), **{f"skipped/{k}": v for k, v in skipped.items()}}),
             **update,
-            **timer.metrics(),
-            **_rollout_metrics(rollouts, cfg),
-            **{f"skipped/{k}": v for k, v in skipped.items()},
-            "optim/lr": scheduler.get_last_lr()[0],
-            "scorer_errors": sum("error" in r.details for r in results),
-            "throughput/rollout_tokens_per_s": int(rollouts.lengths.sum()) / max(timer.seconds["rollout"], 1e-9),
+            **_rollout_metrics(rollouts),
+            **engine.metrics(),
+            "scorer_errors": sum("error" in r.details for r, _, _ in everything),
         }
-        log.log(row)
-        bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{timer.total:.1f}")
+        row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
+        log.log(row, force=step + 1 == cfg.trainer.steps)
+        bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{row['time/step']:.1f}")
         # CHECKPOINT
-        save_if_due(cfg, out, step + 1, model, processor, optimizer, scheduler, sampler)
+        save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
     return row
 
@@ -270,50 +314,81 @@ def _rows(chunk: list[int], n: int) -> list[int]:
     return [p * n + g for p in chunk for g in range(n)]
 
 
-def _update(model, reference, optimizer, scheduler, batch, rollouts, mask, advantages, pad_id, cfg) -> dict:
-    """PPO-style epochs over mini-batches of prompts; returns averaged diagnostics."""
+def _plan(prompts: list[int], cfg: GRPOConfig) -> list[list[list[int]]]:
+    """Mini-batches (one optimizer step each) of micro-batches (one forward and backward
+    each) of this rank's prompts, padded to the same shape on every rank: a rank short
+    of a micro-batch repeats its first one, marked by an empty list, with zero weight."""
+    ranks = distributed.ranks()
+    mini = per_rank(cfg.algorithm.mini_batch_prompts or cfg.data.prompts_per_step, ranks, "mini-batch prompts")
+    micro = cfg.trainer.micro_batch_size or mini
+    minis = [prompts[i : i + mini] for i in range(0, len(prompts), mini)]
+    plan = []
+    for m in range(distributed.all_max(len(minis))):
+        chunks = [c[i : i + micro] for c in minis[m : m + 1] for i in range(0, len(c), micro)]
+        plan.append(chunks + [[]] * (distributed.all_max(len(chunks)) - len(chunks)))
+    return plan
+
+
+def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id, cfg) -> dict:
+    """PPO-style epochs over mini-batches of prompts, each accumulated over micro-batches
+    and stepped by the engine; returns the mini-batches' mean diagnostics over ranks."""
     algo, n = cfg.algorithm, cfg.rollout.n
-    ids = rollouts.completion_ids.to(model.device)
+    ids = rollouts.completion_ids.to(engine.device)
     prompts = list(range(len(batch.samples)))
-    if not prompts:
+    if not distributed.all_max(len(prompts)):
         return {"skipped_update": 1}
-    size = algo.mini_batch_prompts or len(prompts)
-    chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
-    needs_old = algo.epochs > 1 or len(chunks) > 1
+    plan = _plan(prompts, cfg)
+    needs_old = algo.epochs > 1 or len(plan) > 1
     old, ref = {}, {}
     with torch.no_grad():
-        for chunk in chunks:
-            if needs_old:
-                old[tuple(chunk)] = _logprobs(model, batch, chunk, ids, mask, pad_id, cfg).logp
-            if algo.kl_coef > 0 and not algo.kl_in_reward:
-                ref[tuple(chunk)] = _reference_logp(model, reference, batch, chunk, ids, mask, pad_id, cfg)
-    totals: dict[str, float] = {}
-    updates = 0
-    skipped_nan = 0
+        for m, chunks in enumerate(plan):
+            for i, chunk in enumerate(chunks):
+                chunk = chunk or prompts[:1]  # a padding forward keeps collectives in step
+                if needs_old:
+                    old[m, i] = _logprobs(engine, engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
+                if algo.kl_coef > 0 and not algo.kl_in_reward:
+                    ref[m, i] = _reference_logp(engine, reference, batch, chunk, ids, mask, pad_id, cfg)
+    sums: dict[str, float] = {}
+    means: dict[str, list[float]] = {}
+    grad_norms = []
     for _ in range(algo.epochs):
-        for chunk in chunks:
-            rows = _rows(chunk, n)
-            out = _logprobs(
-                model, batch, chunk, ids, mask, pad_id, cfg, with_entropy=True, entropy_grad=algo.entropy_coef > 0
-            )
-            old_logp = old[tuple(chunk)] if needs_old else out.logp.detach()
-            loss, metrics = _policy_loss(out, old_logp, ref.get(tuple(chunk)), advantages[rows], mask[rows], cfg)
-            if not torch.isfinite(loss):
-                skipped_nan += 1
-                optimizer.zero_grad(set_to_none=True)
-                continue
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            clip = cfg.trainer.max_grad_norm or float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
-            optimizer.step()
-            metrics["optim/grad_norm"] = grad_norm.item()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-            updates += 1
-    if updates:
-        scheduler.step()  # the schedule counts steps that updated the policy
-    stats = {k: v / updates for k, v in totals.items()} if updates else {}
-    if skipped_nan:
-        stats["skipped_nan"] = skipped_nan
+        for m, chunks in enumerate(plan):
+            mini_rows = _rows([p for c in chunks for p in c], n)
+            if algo.aggregation == "token-mean":
+                (denominator,) = distributed.all_sum([float(mask[mini_rows].sum())])
+            else:
+                (denominator,) = distributed.all_sum([float(mask[mini_rows].any(-1).sum())])
+            denominator = max(denominator, 1.0)
+            for i, chunk in enumerate(chunks):
+                weight = 1.0 if chunk else 0.0
+                chunk = chunk or prompts[:1]
+                rows = _rows(chunk, n)
+                out = _logprobs(
+                    engine,
+                    engine.model,
+                    batch,
+                    chunk,
+                    ids,
+                    mask,
+                    pad_id,
+                    cfg,
+                    with_entropy=True,
+                    entropy_grad=algo.entropy_coef > 0,
+                )
+                old_logp = old[m, i] if needs_old else out.logp.detach()
+                loss, part_sums, part_means = _policy_loss(
+                    out, old_logp, ref.get((m, i)), advantages[rows], mask[rows], denominator, cfg
+                )
+                engine.backward(loss * weight)
+                for key, value in part_sums.items():
+                    sums[key] = sums.get(key, 0.0) + value * weight
+                if weight:
+                    for key, value in part_means.items():
+                        means.setdefault(key, []).append(value)
+            grad_norms.append(engine.step().grad_norm)  # global: the same on every rank
+    keys = sorted(sums)
+    totals = distributed.all_sum([sums[k] for k in keys])
+    stats = {k: v / len(grad_norms) for k, v in zip(keys, totals, strict=True)}
+    stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
     return stats

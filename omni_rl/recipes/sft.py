@@ -7,24 +7,14 @@ on the target tokens only.
 
 from __future__ import annotations
 
-import torch
-from tqdm import tqdm
-
-from omni_rl.config import SFTConfig
 from omni_rl.data.dataset import Sample, encode_sample
+from omni_rl.engine import distributed
+from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import reset_rope_deltas, text_positions
 from omni_rl.models.inputs import append_completion, collate_prompts
-from omni_rl.recipes.common import (
-    MetricsLog,
-    Timer,
-    resume_state,
-    save_if_due,
-    setup_data,
-    setup_model,
-    setup_optimizer,
-    start_run,
-)
+from omni_rl.recipes.common import Timer, per_rank, resume_steps, save_if_due, setup_data, setup_model, start_run
+from omni_rl.recipes.sft_config import SFTConfig
 
 
 def render_target(template: str, sample: Sample) -> str:
@@ -46,47 +36,52 @@ def _batch(dataset, indices, processor, cfg: SFTConfig, device):
     return {k: v.to(device) for k, v in batch.items()}, labels.to(device)
 
 
+def _target_nll(model, batch: dict, labels, tokens: float):
+    """Summed cross-entropy of the target tokens divided by ``tokens``, the whole step's
+    target count over every rank and micro-batch (transformers' ``num_items_in_batch``)."""
+    reset_rope_deltas(model)
+    positions = text_positions(model, batch["attention_mask"])
+    extra = {"position_ids": positions} if positions is not None else {}
+    return model(**batch, labels=labels, num_items_in_batch=tokens, **extra).loss
+
+
 def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     """Run SFT; returns the last step's metrics."""
-    out, resume_from = start_run(cfg, resume)
-    model, processor, _ = setup_model(cfg, out, resume_from)
+    run = start_run(cfg, resume)
+    model, processor, _ = setup_model(cfg, run)
     dataset, sampler = setup_data(cfg)
-    optimizer, scheduler = setup_optimizer(cfg, model)
-    start_step = resume_state(resume_from, optimizer, scheduler, sampler)
-    log = MetricsLog(out, start_step if resume_from is not None else None)
+    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
+    rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
+    micro = cfg.trainer.micro_batch_size or rows
+    log, bar = resume_steps(cfg, run, engine, sampler, "sft")
     row: dict = {}
-    for step in (
-        bar := tqdm(range(start_step, cfg.trainer.steps), initial=start_step, total=cfg.trainer.steps, desc="sft")
-    ):
+    for step in bar:
         timer = Timer()
-        # DATA: prompts with their media, targets rendered from the rows
+        # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
-            batch, labels = _batch(dataset, sampler.next_batch(cfg.data.prompts_per_step), processor, cfg, model.device)
-        # UPDATE: cross-entropy on the target tokens
+            indices = sampler.next_batch(cfg.data.prompts_per_step)[run.ranks.rank * rows : (run.ranks.rank + 1) * rows]
+            parts = [_batch(dataset, indices[i : i + micro], processor, cfg, run.device) for i in range(0, rows, micro)]
+            (tokens,) = distributed.all_sum([float(sum(int((labels != -100).sum()) for _, labels in parts))])
+        # UPDATE: cross-entropy on the target tokens, accumulated over micro-batches
         with timer("update"):
-            reset_rope_deltas(model)
-            positions = text_positions(model, batch["attention_mask"])
-            loss = model(**batch, labels=labels, **({"position_ids": positions} if positions is not None else {})).loss
-            if not torch.isfinite(loss):
-                raise OmniRLError(f"step {step + 1}: the SFT loss is {loss.item()}; lower optimizer.lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            clip = cfg.trainer.max_grad_norm or float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
-            optimizer.step()
-            scheduler.step()
+            loss = 0.0
+            for batch, labels in parts:
+                part = _target_nll(engine.model, batch, labels, tokens)
+                engine.backward(part)
+                loss += part.item()
+            result = engine.step()
         # LOG / CHECKPOINT
+        (loss,) = distributed.all_sum([loss])
         row = {
             "step": step + 1,
-            "loss/sft": loss.item(),
-            "optim/grad_norm": grad_norm.item(),
-            "optim/lr": scheduler.get_last_lr()[0],
-            "tokens/target": int((labels != -100).sum()),
-            **timer.metrics(),
+            "loss/sft": loss,
+            "optim/grad_norm": result.grad_norm,
+            "tokens/target": int(tokens),
+            **engine.metrics(),
+            **distributed.mean_metrics(timer.metrics()),
         }
-        log.log(row)
+        log.log(row, force=step + 1 == cfg.trainer.steps)
         bar.set_postfix(loss=f"{row['loss/sft']:.3f}")
-        # CHECKPOINT
-        save_if_due(cfg, out, step + 1, model, processor, optimizer, scheduler, sampler)
+        save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
     return row

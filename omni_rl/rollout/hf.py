@@ -6,8 +6,15 @@ prompt. Here the prompt (all but its last token) is prefilled once per prompt, t
 cache and multimodal RoPE offsets are repeated G times, and ``generate`` continues
 from the last prompt token for all B*G sequences. The sampling distribution
 (temperature, top-k, top-p, with media placeholder tokens removed) is built by our
-own logits processors, the last of which records the log-probability of each sampled
-token under exactly that distribution.
+own logits processors; the next records the log-probability of each sampled token
+under exactly that distribution.
+
+Sampling is seeded per completion, not per batch: the token at each step is the
+argmax of the log-probabilities plus Gumbel noise that a counter-based hash draws
+from (the prompt's seed, the completion's index in its group, the step, the token id).
+That is an exact draw from the distribution, and a completion comes out the same
+whatever else shares its batch, on any device: a prompt rolled out on rank 1 of 2
+gets the tokens it gets in one process with the whole batch.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from omni_rl.engine import distributed
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import TOKEN_ALIGNED, prefix_inputs, repeat_rope_deltas, reset_rope_deltas
 from omni_rl.models.inputs import collate_prompts
@@ -86,6 +94,48 @@ class _RecordLogprobs(LogitsProcessor):
         return scores
 
 
+MASK32 = 0xFFFFFFFF
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix of each element (int64 tensors; the result is in [0, 2^32)).
+    Products stay below 2^63, so int64 arithmetic is exact on every device."""
+    x = x & MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & MASK32
+    return (x >> 16) ^ x
+
+
+def gumbel_noise(row_seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise [N, V], a pure function of each row's seed, the decoding
+    step and the token id. row_seeds: [N] int64."""
+    row = hash32(hash32(row_seeds) ^ step)
+    tokens = hash32(torch.arange(vocab, device=row_seeds.device, dtype=torch.int64) * 2 + 1)
+    bits = hash32(row[:, None] ^ tokens[None, :])
+    uniform = (bits.double() + 0.5) / 2.0**32
+    return -torch.log(-torch.log(uniform)).float()
+
+
+def completion_seeds(prompt_seeds: list[int], n: int, device) -> torch.Tensor:
+    """[B*G] seeds of the G completions of each prompt (grouped prompt by prompt)."""
+    seeds = torch.tensor(prompt_seeds, dtype=torch.int64, device=device) & MASK32
+    return hash32(seeds.repeat_interleave(n) * 1_000_003 + torch.arange(n, device=device).repeat(len(prompt_seeds)))
+
+
+class _GumbelSample(LogitsProcessor):
+    """After the recorder: adds each row's seeded Gumbel noise, so that the argmax that
+    greedy decoding takes is a sample from the recorded distribution."""
+
+    def __init__(self, row_seeds: torch.Tensor):
+        self.row_seeds = row_seeds
+        self.step = 0
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        noise = gumbel_noise(self.row_seeds, self.step, scores.shape[-1])
+        self.step += 1
+        return torch.log_softmax(scores.float(), dim=-1) + noise
+
+
 def _repeat_prompt_inputs(inputs: dict, n: int) -> dict:
     """Token-aligned prompt tensors repeated n times (row i -> rows i*n .. i*n+n-1)."""
     return {k: inputs[k].repeat_interleave(n, dim=0) for k in TOKEN_ALIGNED if k in inputs}
@@ -110,12 +160,12 @@ class HFRolloutEngine:
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
         """Nothing to copy: this engine samples with the training model's own weights."""
 
-    def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams) -> Rollouts:
+    def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams, seeds: list[int]) -> Rollouts:
         """G = ``n`` completions for each prompt; ``encoded`` holds the samples' processor
-        inputs (``samples`` itself is not needed here)."""
-        return self.generate(collate_prompts(encoded, self.pad_id), n, sampling)
+        inputs (``samples`` itself is not needed here); ``seeds``: one per prompt."""
+        return self.generate(collate_prompts(encoded, self.pad_id), n, sampling, seeds)
 
-    def _processors(self, sampling: SamplingParams, recorder: _RecordLogprobs) -> LogitsProcessorList:
+    def _processors(self, sampling: SamplingParams, recorder: _RecordLogprobs, row_seeds) -> LogitsProcessorList:
         processors: list[LogitsProcessor] = [SuppressTokensLogitsProcessor(self.banned, device=self.model.device)]
         if sampling.temperature > 0:
             if sampling.temperature != 1.0:
@@ -125,18 +175,24 @@ class HFRolloutEngine:
             if sampling.top_p < 1.0:
                 processors.append(TopPLogitsWarper(sampling.top_p))
         processors.append(recorder)
+        if sampling.temperature > 0:
+            processors.append(_GumbelSample(row_seeds))
         return LogitsProcessorList(processors)
 
     @torch.no_grad()
-    def generate(self, inputs: dict, n: int, sampling: SamplingParams) -> Rollouts:
+    def generate(self, inputs: dict, n: int, sampling: SamplingParams, seeds: list[int] | None = None) -> Rollouts:
         """G = ``n`` completions for each of the B left-padded prompts in ``inputs``.
 
         Args:
             inputs: a processor batch (``input_ids`` [B, P] plus its media tensors).
+            seeds: one sampling seed per prompt (default: drawn from torch's generator).
         """
         model = self.model
         inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         batch, prompt_length = inputs["input_ids"].shape
+        if seeds is None:
+            seeds = torch.randint(0, 2**31 - 1, (batch,)).tolist()
+        row_seeds = completion_seeds(seeds, n, model.device)
         was_training = model.training
         model.eval()
         try:
@@ -147,14 +203,16 @@ class HFRolloutEngine:
             repeat_rope_deltas(model, batch, n)
             # DECODE: all B*G sequences continue from their prompt's last token
             recorder = _RecordLogprobs()
-            # sampling is shaped by our processors; transformers' own warpers stay off
-            sample = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            # our processors shape and sample the distribution (the argmax of seeded
+            # Gumbel-perturbed log-probs); transformers' own warpers and penalties stay off
             output = model.generate(
                 **_repeat_prompt_inputs(inputs, n),
                 cache=cache,
-                **(sample if sampling.temperature > 0 else {"do_sample": False}),
+                do_sample=False,
+                repetition_penalty=1.0,
                 max_new_tokens=sampling.max_new_tokens,
-                logits_processor=self._processors(sampling, recorder),
+                logits_processor=self._processors(sampling, recorder, row_seeds),
+                synced_gpus=distributed.ranks().distributed,
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
             )

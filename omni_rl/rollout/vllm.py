@@ -21,11 +21,11 @@ import os
 import numpy as np
 import torch
 
-from omni_rl.config import VLLMConfig
 from omni_rl.data.dataset import Sample
 from omni_rl.errors import OmniRLError
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.inputs import AUDIO_SAMPLE_RATE
+from omni_rl.rollout.config import VLLMConfig
 from omni_rl.rollout.hf import Rollouts, SamplingParams
 
 # vLLM clamps logit biases to [-100, 100]; exp(-100) never gets sampled.
@@ -103,7 +103,7 @@ class VLLMRolloutEngine:
         model_path: the checkpoint directory vLLM loads (the run's starting model).
         processor: the family's processor (chat template, pad/stop/placeholder tokens).
         settings: the ``rollout.vllm`` config section.
-        seed: the run's seed (each call's sampling seed derives from it).
+        seed: the engine's seed (each request carries its prompt's own sampling seed).
     """
 
     def __init__(self, model_path: str, processor, settings: VLLMConfig, seed: int = 0):
@@ -123,7 +123,6 @@ class VLLMRolloutEngine:
         self.stop_ids = sorted({tokenizer.eos_token_id, *([self.pad_id] if self.pad_id is not None else [])})
         self.banned = placeholder_token_ids(processor)
         self.seed = seed
-        self.calls = 0
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype="bfloat16",
@@ -136,12 +135,15 @@ class VLLMRolloutEngine:
             logprobs_mode="processed_logprobs",
         )
 
-    def rollout(self, samples: list[Sample], encoded: list, n: int, sampling: SamplingParams) -> Rollouts:
-        """G = ``n`` completions per sample (``encoded`` is unused: vLLM encodes itself)."""
-        self.calls += 1
-        params = self._vllm.SamplingParams(
-            **sampling_kwargs(sampling, n, self.stop_ids, self.banned, self.seed * 1_000_003 + self.calls)
-        )
+    def rollout(
+        self, samples: list[Sample], encoded: list, n: int, sampling: SamplingParams, seeds: list[int]
+    ) -> Rollouts:
+        """G = ``n`` completions per sample (``encoded`` is unused: vLLM encodes itself),
+        each prompt sampled with its own seed."""
+        params = [
+            self._vllm.SamplingParams(**sampling_kwargs(sampling, n, self.stop_ids, self.banned, seed))
+            for seed in seeds
+        ]
         outputs = self.llm.generate([request(self.processor, s) for s in samples], params, use_tqdm=False)
         return package(outputs, n, self.pad_id, self.stop_ids)
 

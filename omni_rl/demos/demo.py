@@ -17,13 +17,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from omni_rl.config import DemoConfig, GenerationConfig, save_config
+from omni_rl.config import save_config
+from omni_rl.demos.demo_config import DemoConfig
+from omni_rl.engine.engine import Engine, load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
 from omni_rl.models import build_tiny, family_of, load, placeholder_token_ids
+from omni_rl.models.config import GenerationConfig
 from omni_rl.models.inputs import append_completion, encode_prompts
 from omni_rl.preprocess.synthetic import moving_square, write_video
 from omni_rl.preprocess.video import VideoBudget, read_video
-from omni_rl.runtime import resolve_device, resolve_dtype, seed_everything, set_threads
+from omni_rl.recipes.common import MetricsLog
+from omni_rl.runtime import resolve_device, seed_everything, set_threads
 
 QUESTION = "Which way does the red square move? Answer with one word: left, right, up or down."
 
@@ -52,7 +56,8 @@ def _setup_model(cfg: DemoConfig, out: Path):
     family = family_of(path)
     if "video" not in family.modalities:
         raise OmniRLError(f"{path}: the demo asks about a video, and family '{family.name}' takes no video")
-    model, processor = load(path, device=device, dtype=resolve_dtype(cfg.run.dtype, device))
+    dtype = load_dtype(resolve_precision(cfg.trainer.precision, device))
+    model, processor = load(path, device=device, dtype=dtype)
     return model, processor, path
 
 
@@ -84,28 +89,25 @@ def main(cfg: DemoConfig) -> dict:
     batch, labels = append_completion(inputs, target)
     batch = {k: t.to(model.device) for k, t in batch.items()}
     labels = labels.to(model.device)
-    optimizer = cfg.optimizer.build(p for p in model.parameters() if p.requires_grad)
     model.train()
+    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, model.device, cfg.trainer.steps)
     history = []
-    with (out / "metrics.jsonl").open("w") as log, tqdm(range(cfg.trainer.steps), desc="demo", unit="step") as bar:
-        for step in bar:
-            t0 = time.perf_counter()
-            loss = model(**batch, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            clip_norm = cfg.trainer.max_grad_norm or float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-            optimizer.step()
-            row = {
-                "step": step + 1,
-                "train/loss": loss.item(),
-                "train/grad_norm": grad_norm.item(),
-                "time/step": time.perf_counter() - t0,
-            }
-            history.append(row)
-            log.write(json.dumps(row) + "\n")
-            if (step + 1) % cfg.trainer.log_every == 0 or step + 1 == cfg.trainer.steps:
-                bar.set_postfix(loss=f"{row['train/loss']:.3f}")
+    log = MetricsLog(out, None, every=cfg.trainer.log_every)
+    for step in (bar := tqdm(range(cfg.trainer.steps), desc="demo", unit="step")):
+        t0 = time.perf_counter()
+        loss = engine.model(**batch, labels=labels).loss
+        engine.backward(loss)
+        result = engine.step()
+        row = {
+            "step": step + 1,
+            "train/loss": loss.item(),
+            "train/grad_norm": result.grad_norm,
+            "time/step": time.perf_counter() - t0,
+        }
+        history.append(row)
+        log.log(row, force=step + 1 == cfg.trainer.steps)
+        bar.set_postfix(loss=f"{row['train/loss']:.3f}")
+    log.close()
     model.eval()
     [answer_after] = _generate(model, processor, inputs, cfg.generation)
 

@@ -12,7 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from omni_rl.config import QuickstartSimConfig, config_from_dict, save_config, to_dict
+from omni_rl.config import config_from_dict, save_config, to_dict
+from omni_rl.demos.quickstart_sim_config import QuickstartSimConfig
 from omni_rl.recipes import flow_ppo
 from omni_rl.runtime import set_threads
 from omni_rl.sim.experts import collect_demos

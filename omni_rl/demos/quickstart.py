@@ -4,18 +4,22 @@ It generates a video-QA set of moving shapes (direction, count, colour, entry ti
 with a held-out split, caches the media, builds a tiny Qwen2.5-VL, runs a short SFT
 cold start on part of the training set, evaluates on the held-out split, runs GRPO
 from the SFT checkpoint, evaluates again, and writes ``summary.json`` (held-out
-accuracy after SFT and after RL, per problem type, seconds) and curve PNGs.
+accuracy after SFT and after RL, per problem type, seconds) and curve PNGs. The two
+phases are the sft and grpo recipes run on the config's ``sft`` and ``grpo`` sections,
+filled with what the quickstart generates.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from omni_rl import checkpoint
-from omni_rl.config import QuickstartConfig, QuickstartData, config_from_dict, save_config, to_dict
+from omni_rl.config import save_config
 from omni_rl.data.dataset import MediaDataset
+from omni_rl.demos.quickstart_config import QuickstartConfig, QuickstartData
+from omni_rl.engine import checkpoint
 from omni_rl.evaluate import evaluate, table
 from omni_rl.models import load
 from omni_rl.preprocess.pipeline import Budgets, preprocess
@@ -50,7 +54,19 @@ def _write_split(d: QuickstartData, out: Path, videos: int, seed: int) -> Path:
 
 def _held_out(cfg: QuickstartConfig, model_dir: Path, dataset: MediaDataset) -> dict:
     model, processor = load(model_dir)
-    return evaluate(model, processor, dataset, samples=1, max_new_tokens=cfg.grpo.max_new_tokens, progress=False)
+    return evaluate(
+        model, processor, dataset, samples=1, max_new_tokens=cfg.grpo.rollout.max_new_tokens, progress=False
+    )
+
+
+def _filled(cfg: QuickstartConfig, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None = None):
+    """A recipe's config (``cfg.sft`` or ``cfg.grpo``) with what the quickstart generates
+    filled in: its run and media, the tiny model (or ``model_path``), the rows and cache."""
+    model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width)
+    cache = str(Path(cfg.run.output_dir) / "cache")
+    data = replace(recipe_cfg.data, train=str(rows), cache=cache, prompt_template=cfg.data.prompt_template)
+    run = replace(cfg.run, output_dir=str(run_dir))
+    return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
 
 def main(cfg: QuickstartConfig) -> dict:
@@ -68,57 +84,15 @@ def main(cfg: QuickstartConfig) -> dict:
     budgets = Budgets.from_config(cfg.media)
     for data in (train, heldout):
         preprocess(data, out / "cache", budgets, workers=1, progress=False)
-    shared = {
-        "model": {"tiny_family": cfg.media.family, "tiny_width": cfg.model.width},
-        "media": to_dict(cfg.media),
-        "run": {**to_dict(cfg.run), "output_dir": ""},
-    }
     heldout_set = MediaDataset(heldout, budgets, out / "cache", "prefer_cache", prompt_template=d.prompt_template)
 
     # SFT: a short cold start on part of the training set
-    sft_cfg = config_from_dict(
-        {
-            "recipe": "sft",
-            **shared,
-            "run": {**shared["run"], "output_dir": str(out / "sft")},
-            "data": {
-                "train": str(sft_rows),
-                "cache": str(out / "cache"),
-                "prompts_per_step": cfg.sft.prompts_per_step,
-                "prompt_template": d.prompt_template,
-            },
-            "trainer": {"steps": cfg.sft.steps},
-            "optimizer": {"type": "adamw", "lr": cfg.sft.lr},
-        },
-        "quickstart sft",
-    )
-    sft.train(sft_cfg)
+    sft.train(_filled(cfg, cfg.sft, out / "sft", sft_rows))
     sft_model = checkpoint.latest(out / "sft") / "model"
     after_sft = _held_out(cfg, sft_model, heldout_set)
 
     # GRPO: from the SFT checkpoint, on the whole training set
-    g = cfg.grpo
-    grpo_cfg = config_from_dict(
-        {
-            "recipe": "grpo",
-            **shared,
-            "run": {**shared["run"], "output_dir": str(out / "grpo")},
-            "model": {"path": str(sft_model)},
-            "data": {
-                "train": str(train),
-                "cache": str(out / "cache"),
-                "prompts_per_step": g.prompts_per_step,
-                "prompt_template": d.prompt_template,
-            },
-            "rollout": {"n": g.n, "max_new_tokens": g.max_new_tokens, "temperature": g.temperature},
-            "algorithm": {"advantage": g.advantage, "dynamic_sampling": g.dynamic_sampling},
-            "rewards": {"template": "answer_only"},
-            "trainer": {"steps": g.steps},
-            "optimizer": {"type": "adamw", "lr": g.lr},
-        },
-        "quickstart grpo",
-    )
-    grpo.train(grpo_cfg)
+    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model)))
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
 
     summary = {

@@ -1,0 +1,1 @@
+"""The one training engine under every recipe (see ``omni_rl.engine.engine``)."""

@@ -1,0 +1,119 @@
+"""The training engine's config sections: the loop (``trainer:``) and the optimizer
+(``optimizer:``, chosen by ``type:``). Every recipe's config holds these two."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from omni_rl.config import Choice, require
+from omni_rl.registry import Registry
+
+Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-pure"]
+Strategy = Literal["auto", "fsdp", "ddp", "single"]
+Schedule = Literal["constant", "linear", "cosine"]
+
+
+@dataclass
+class TrainerConfig:
+    """The optimization loop and how the engine runs it."""
+
+    steps: int = 30
+    """Optimizer steps (GRPO and SFT: training steps; each may hold several optimizer
+    steps through ``algorithm.mini_batch_prompts`` and ``epochs``)."""
+    log_every: int = 1
+    """Write a metrics row (JSONL, TensorBoard) every this many steps, and at the last."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm (over all shards) to this; 0 disables clipping."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up from 0 over this many optimizer steps."""
+    schedule: Schedule = "constant"
+    """Learning rate after warm-up: constant, linear decay or cosine decay to
+    ``min_lr_ratio`` x lr at the last optimizer step."""
+    min_lr_ratio: float = 0.0
+    """Where linear and cosine schedules end, as a fraction of the peak rate."""
+    save_every: int = 0
+    """Write a checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    precision: Precision = "auto"
+    """fp32; bf16-mixed (fp32 master weights and optimizer state, bf16 compute, fp32
+    gradient reduction); bf16-pure (bf16 weights stepped in place: an update smaller
+    than bf16's resolution, about 0.4% of a weight, is lost, so lr 1e-6 barely moves
+    a model; for memory experiments only); auto: bf16-mixed on CUDA, fp32 on CPU."""
+    strategy: Strategy = "auto"
+    """fsdp (FSDP2 fully_shard per decoder layer and encoder block), ddp (every rank
+    holds the whole model), single (one process); auto: fsdp under torchrun with more
+    than one process, else single."""
+    micro_batch_size: int = 0
+    """Gradient accumulation: items per forward/backward (GRPO: prompts with their G
+    completions; SFT: rows; flow PPO: chunks); 0 runs each mini-batch in one pass."""
+    max_bad_steps: int = 3
+    """Stop the run after this many optimizer steps in a row had non-finite gradients."""
+
+    def __post_init__(self):
+        require(self.steps >= 1, "steps", "must be >= 1")
+        require(self.log_every >= 1, "log_every", "must be >= 1")
+        require(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        require(self.save_every >= 0, "save_every", "must be >= 0")
+        require(self.keep_last >= 1, "keep_last", "must be >= 1")
+        require(self.micro_batch_size >= 0, "micro_batch_size", "must be >= 0")
+        require(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
+
+
+OPTIMIZERS: Registry[type] = Registry("optimizer")
+
+
+@dataclass
+class OptimizerConfig(Choice, ABC):
+    """An optimizer, chosen by ``type:``."""
+
+    registry: ClassVar[Registry] = OPTIMIZERS
+    default_type: ClassVar[str] = "adamw"
+
+    lr: float = 1e-5
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+
+    def __post_init__(self):
+        require(self.lr > 0, "lr", "must be > 0")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+
+    @abstractmethod
+    def build(self, params: Iterable) -> Any:
+        """The torch optimizer over ``params`` (tensors or param-group dicts)."""
+
+
+@OPTIMIZERS.register("adamw")
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    """torch.optim.AdamW."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's moment decay rates."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+
+    def build(self, params: Iterable) -> Any:
+        import torch
+
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+
+@OPTIMIZERS.register("sgd")
+@dataclass
+class SGDConfig(OptimizerConfig):
+    """torch.optim.SGD with momentum."""
+
+    momentum: float = 0.9
+    """Momentum factor."""
+
+    def build(self, params: Iterable) -> Any:
+        import torch
+
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)

@@ -1,0 +1,133 @@
+"""Processes and collectives: one process, or N launched by torchrun (several nodes
+through torchrun's rendezvous flags).
+
+``init()`` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and joins the
+process group: NCCL on CUDA, gloo on CPU. Every helper here is a no-op in one process,
+so recipes call them unconditionally.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the N training processes."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes logs, TensorBoard and the shared files of checkpoints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init(device_type: str) -> Ranks:
+    """Join the process group torchrun describes (idempotent); one process without it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Ranks()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return Ranks(dist.get_rank(), dist.get_world_size(), local)
+
+
+def ranks() -> Ranks:
+    """The current process's ranks (one process when no group was joined)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return Ranks()
+    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _device() -> torch.device:
+    """Where collectives' tensors live: NCCL needs CUDA tensors, gloo takes CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_sum(values: list[float]) -> list[float]:
+    """Element-wise sums of ``values`` over ranks (float64)."""
+    if not ranks().distributed:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_device())
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_max(value: int) -> int:
+    """The largest ``value`` of any rank."""
+    if not ranks().distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def all_gather_ints(value: int) -> list[int]:
+    """``value`` of every rank, in rank order."""
+    if not ranks().distributed:
+        return [value]
+    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return [int(t.item()) for t in out]
+
+
+def gather_objects(items: list) -> list:
+    """The concatenation of every rank's ``items`` in rank order (in-memory objects
+    such as reward results; nothing is read from files)."""
+    if not ranks().distributed:
+        return list(items)
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, items)
+    return [item for part in out for item in part]
+
+
+def mean_metrics(row: dict) -> dict:
+    """Numeric metrics averaged over ranks (keys missing on a rank count only where
+    present); non-numeric values are rank 0's."""
+    if not ranks().distributed:
+        return dict(row)
+    rows: list = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, row)
+    out = dict(row)
+    for key in {k for r in rows for k in r}:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        if values and len(values) == sum(key in r for r in rows):
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def barrier() -> None:
+    if ranks().distributed:
+        dist.barrier()
+
+
+def broadcast_int(value: int) -> int:
+    """Rank 0's ``value`` on every rank."""
+    if not ranks().distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    dist.broadcast(tensor, src=0)
+    return int(tensor.item())
+
+
+def shutdown() -> None:
+    """Leave the process group (end of a torchrun run)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

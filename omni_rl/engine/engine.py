@@ -1,0 +1,327 @@
+"""The training engine: every recipe says what to optimise, the engine knows how.
+
+A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batch and
+``engine.step()`` once per optimizer step. The engine owns:
+
+- wrapping: FSDP2 (``fully_shard`` on every decoder layer and vision/audio encoder
+  block, found through the model's ``_no_split_modules``, then on the root), DDP, or
+  one plain process;
+- precision: fp32, or bf16-mixed (fp32 master weights and optimizer state, bf16
+  compute, fp32 gradient reduction: FSDP2's MixedPrecisionPolicy, autocast otherwise),
+  or an explicit pure bf16;
+- gradient accumulation: gradients of successive ``backward`` calls add up until
+  ``step``; losses are already divided by the global count of what they average over
+  (tokens, sequences, samples: see ``omni_rl.algorithms.losses.aggregate``), so the
+  engine undoes the data-parallel mean of the gradient reduction and N ranks compute
+  what one process computes;
+- the global gradient-norm clip across shards, and a non-finite guard: a step whose
+  gradients hold NaN or inf is skipped (weights and optimizer state untouched), counted,
+  and ``max_bad_steps`` of them in a row stop the run;
+- the optimizer (a registered ``optimizer:`` section) and the learning-rate schedule;
+- checkpoints (``omni_rl.engine.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from omni_rl.engine import distributed
+from omni_rl.engine.config import OptimizerConfig, TrainerConfig
+from omni_rl.errors import OmniRLError
+
+log = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Warm-up rises linearly, (step + 1) / warmup, over the first ``warmup`` steps; then
+    ``constant`` stays at 1, ``linear`` falls to ``min_ratio`` at step ``total - 1``
+    and ``cosine`` follows half a cosine to ``min_ratio`` there.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(total - 1 - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    if schedule == "linear":
+        decay = 1.0 - progress
+    elif schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown schedule '{schedule}'")
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' -> bf16-mixed on CUDA, fp32 elsewhere."""
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """'auto' -> fsdp with several processes, single with one; a data-parallel choice
+    in one process is a user error (it would silently do nothing)."""
+    if strategy == "auto":
+        return "fsdp" if world_size > 1 else "single"
+    if strategy == "single" and world_size > 1:
+        raise OmniRLError(f"trainer.strategy: single, but torchrun started {world_size} processes; use fsdp or ddp")
+    return strategy
+
+
+def load_dtype(precision: str) -> torch.dtype:
+    """The dtype a trainable model is loaded in: bf16 only for pure bf16 (master
+    weights stay fp32 otherwise)."""
+    return torch.bfloat16 if precision == "bf16-pure" else torch.float32
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP2 shards one by one: instances of the classes the model names in
+    ``_no_split_modules`` (decoder layers, vision and audio encoder blocks)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+@dataclass
+class StepResult:
+    """What one ``Engine.step`` did."""
+
+    grad_norm: float
+    """Global gradient norm before clipping (NaN or inf when skipped)."""
+    skipped: bool
+    """The gradients were not finite and the update was skipped."""
+    lr: float
+    """Learning rate of the first parameter group used by this step."""
+
+
+class Engine:
+    """Wraps one trainable model and steps its optimizer.
+
+    Args:
+        model: the model, on ``device``, in the dtype of ``load_dtype(precision)``.
+        optimizer: the registered optimizer section.
+        device: this rank's device.
+        total_steps: optimizer steps of the whole run (for the schedule).
+        precision, strategy, max_grad_norm, schedule, warmup_steps, min_lr_ratio,
+            max_bad_steps: as in ``TrainerConfig``.
+        param_groups: ``fn(model) -> [{"params": [...], "lr": ...}, ...]`` called after
+            wrapping (FSDP2 replaces parameters); default: every trainable parameter.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: OptimizerConfig,
+        device: torch.device,
+        total_steps: int,
+        precision: str = "auto",
+        strategy: str = "auto",
+        max_grad_norm: float = 1.0,
+        schedule: str = "constant",
+        warmup_steps: int = 0,
+        min_lr_ratio: float = 0.0,
+        max_bad_steps: int = 3,
+        param_groups: Callable[[nn.Module], list] | None = None,
+    ):
+        self.ranks = distributed.ranks()
+        self.device = device
+        self.precision = resolve_precision(precision, device)
+        self.strategy = resolve_strategy(strategy, self.ranks.world_size)
+        self.max_bad_steps = max_bad_steps
+        self.module = model  # the model itself: generate, save_pretrained, named_parameters
+        self.model = self._wrap(model)  # what training forwards call
+        self.use_optimizer(optimizer, total_steps, schedule, warmup_steps, min_lr_ratio, param_groups, max_grad_norm)
+        if self.precision == "bf16-pure":
+            log.warning(
+                "trainer.precision=bf16-pure: weights are stepped in bf16; updates below bf16's resolution "
+                "(about 0.4%% of a weight) are lost"
+            )
+
+    def use_optimizer(
+        self,
+        optimizer: OptimizerConfig,
+        total_steps: int,
+        schedule: str = "constant",
+        warmup_steps: int = 0,
+        min_lr_ratio: float = 0.0,
+        param_groups: Callable[[nn.Module], list] | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """A fresh optimizer and schedule over the wrapped model's parameters (a recipe
+        with two phases, such as behaviour cloning then PPO, starts the second here);
+        ``max_grad_norm`` replaces the clip when given."""
+        if max_grad_norm is not None:
+            self.max_grad_norm = max_grad_norm
+        module = self.module
+        groups = param_groups(module) if param_groups else [p for p in module.parameters() if p.requires_grad]
+        self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+        if not self.params:
+            raise OmniRLError("no trainable parameters (is everything frozen?)")
+        self.optimizer = optimizer.build(groups)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, schedule, min_lr_ratio)
+        )
+        self.bad_steps = 0
+        self.skipped_steps = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        model: nn.Module,
+        trainer: TrainerConfig,
+        optimizer: OptimizerConfig,
+        device: torch.device,
+        total_steps: int,
+        param_groups: Callable[[nn.Module], list] | None = None,
+    ) -> Engine:
+        """An engine with the settings of a ``trainer:`` section."""
+        return cls(
+            model,
+            optimizer,
+            device,
+            total_steps,
+            precision=trainer.precision,
+            strategy=trainer.strategy,
+            max_grad_norm=trainer.max_grad_norm,
+            schedule=trainer.schedule,
+            warmup_steps=trainer.warmup_steps,
+            min_lr_ratio=trainer.min_lr_ratio,
+            max_bad_steps=trainer.max_bad_steps,
+            param_groups=param_groups,
+        )
+
+    # ---------------------------------------------------------------- wrapping
+
+    def _mixed(self) -> bool:
+        return self.precision == "bf16-mixed"
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.strategy == "fsdp":
+            self._fully_shard(model)
+            return model
+        if self._mixed():
+            _autocast_forward(model, self.device)
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # a batch without one modality leaves that encoder unused: DDP must look for it
+            return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+        return model
+
+    def _fully_shard(self, model: nn.Module, trainable: bool = True) -> None:
+        """FSDP2 on every block, then the root. A trainable model keeps each block's
+        gathered weights from its first forward until ``step``: the shared-prefix
+        forward runs a block twice (prompt, then completions) and its backward reaches
+        the prompt's pass through the KV cache, which FSDP2's backward hooks (on block
+        outputs) never see; gradients are still reduce-scattered, and the master weights
+        and optimizer state stay sharded. Frozen models reshard after every forward."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy()
+        if self._mixed():
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in [*shard_units(model), model]:
+            fully_shard(unit, mp_policy=policy, reshard_after_forward=not trainable)
+            if trainable:
+                unit.set_reshard_after_backward(False)
+
+    def wrap_frozen(self, model: nn.Module) -> nn.Module:
+        """A frozen model (the KL reference) sharded and cast like the policy, so it
+        costs 1/N of its weights per rank under FSDP2."""
+        model.requires_grad_(False)
+        if self.strategy == "fsdp":
+            self._fully_shard(model, trainable=False)
+        elif self._mixed():
+            _autocast_forward(model, self.device)
+        return model
+
+    @contextmanager
+    def gathered(self):
+        """Full parameters for calls that bypass the model's forward (a policy's
+        ``sample`` method): FSDP2 gathers only inside ``forward``, so this unshards the
+        root's parameters around the block. A no-op for DDP and one process."""
+        if self.strategy != "fsdp":
+            yield
+            return
+        self.module.unshard()
+        try:
+            yield
+        finally:
+            self.module.reshard()
+
+    # ---------------------------------------------------------------- stepping
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of one micro-batch's loss.
+
+        The loss is this rank's share of the global mini-batch loss (already divided by
+        the global count of what it averages); gradient reduction averages over ranks,
+        so the loss is scaled by the number of ranks to make that a sum.
+        """
+        if self.strategy in ("fsdp", "ddp"):
+            loss = loss * self.ranks.world_size
+        loss.backward()
+
+    def step(self) -> StepResult:
+        """Clip, check and apply the accumulated gradients, then clear them."""
+        clip = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        lr = self.scheduler.get_last_lr()[0]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.bad_steps += 1
+            self.skipped_steps += 1
+            log.warning("non-finite gradient norm (%s): update skipped", grad_norm)
+            if self.bad_steps >= self.max_bad_steps:
+                raise OmniRLError(
+                    f"{self.bad_steps} optimizer steps in a row had non-finite gradients; "
+                    "lower optimizer.lr, check the data, or use trainer.precision=fp32"
+                )
+        else:
+            self.bad_steps = 0
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.strategy == "fsdp":  # free the gathered weights until the next forward
+            for module in self.module.modules():
+                if hasattr(module, "reshard"):
+                    module.reshard()
+        return StepResult(grad_norm, skipped, lr)
+
+    def metrics(self) -> dict:
+        """Run-level counters for the metrics log (and this GPU's peak memory so far)."""
+        row = {"optim/skipped_nonfinite": self.skipped_steps, "optim/lr": self.scheduler.get_last_lr()[0]}
+        if self.device.type == "cuda":
+            row["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return row
+
+    def state(self) -> dict:
+        """The engine's own counters and schedule position (JSON)."""
+        scheduler = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+        return {"bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps, "scheduler": scheduler}
+
+    def load_state(self, state: dict) -> None:
+        self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
+        self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
+
+
+def _autocast_forward(model: nn.Module, device: torch.device) -> None:
+    """bf16-mixed in one process or under DDP: the model's forward (also when
+    ``generate`` calls it) runs under bf16 autocast while its weights stay fp32."""
+    forward = model.forward
+    model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(forward)

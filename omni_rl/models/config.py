@@ -1,0 +1,81 @@
+"""The model sections: which checkpoint (``model:``, with ``lora:``) and how answers
+are decoded (``generation:``, the demo's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omni_rl.config import require
+from omni_rl.registry import did_you_mean
+
+
+def require_family(name: str, field_name: str) -> None:
+    """Validation helper: ``name`` is a registered model family."""
+    from omni_rl.models.families import FAMILIES
+
+    require(
+        name in FAMILIES,
+        field_name,
+        f"unknown family '{name}'{did_you_mean(name, FAMILIES.names())}; known: {', '.join(FAMILIES)}",
+    )
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters (peft); the reference policy is the base with adapters off."""
+
+    rank: int = 16
+    """Adapter rank r."""
+    alpha: int = 32
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear layers that get adapters (in the language model)."""
+
+    def __post_init__(self):
+        require(self.rank >= 1, "rank", "must be >= 1")
+        require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
+
+
+@dataclass
+class ModelConfig:
+    """Which checkpoint to load and which of its parameters train."""
+
+    path: str | None = None
+    """A local Hugging Face checkpoint directory; unset builds a tiny model."""
+    tiny_family: str = "qwen2_5_vl"
+    """Family of the tiny model built when ``path`` is unset."""
+    tiny_width: int = 64
+    """Decoder width of that tiny model (a multiple of 32; 64: ~0.2 M params, 128: ~0.6 M)."""
+    freeze_vision_tower: bool = False
+    """Keep the vision encoder's weights fixed."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (the group forward then
+    recomputes the shared prompt prefix per mini-batch)."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters instead of the full model."""
+
+    def __post_init__(self):
+        require_family(self.tiny_family, "tiny_family")
+        require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling parameters for answers."""
+
+    max_new_tokens: int = 16
+    """Longest answer in tokens."""
+    temperature: float = 0.0
+    """0 decodes greedily."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables."""
+
+    def __post_init__(self):
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        require(self.temperature >= 0, "temperature", "must be >= 0")
+        require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        require(self.top_k >= 0, "top_k", "must be >= 0")

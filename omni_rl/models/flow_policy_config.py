@@ -1,0 +1,43 @@
+"""The flow policy section (``policy:``): the flow-matching action-chunk policy and
+how RL samples it (see ``omni_rl.models.flow_policy``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from omni_rl.config import require
+
+
+@dataclass
+class FlowPolicyConfig:
+    """The flow-matching action-chunk policy and how RL samples it."""
+
+    horizon: int = 4
+    """Actions per chunk (H)."""
+    executed: int = 4
+    """Actions of a chunk run before the policy is queried again (h <= H)."""
+    denoise_steps: int = 4
+    """Denoising steps K."""
+    width: int = 256
+    """Hidden width of the networks."""
+    encoder: str = "mlp"
+    """Observation encoder (registry name)."""
+    method: Literal["flow_noise", "flow_sde"] = "flow_noise"
+    """Flow-Noise (learned noise head) or Flow-SDE (ODE-to-SDE conversion)."""
+    sigma_min: float = 0.08
+    """Flow-Noise: smallest std of the noise head."""
+    sigma_max: float = 0.16
+    """Flow-Noise: largest std of the noise head."""
+    noise_level: float = 0.5
+    """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
+    sde_mode: Literal["hybrid", "chain"] = "hybrid"
+    """Flow-SDE: one random stochastic step per query (hybrid) or all steps (chain)."""
+    logprob: Literal["sum", "mean"] = "sum"
+    """A chunk's log-prob: the sum over executed actions and dims, or their mean (RLinf)."""
+
+    def __post_init__(self):
+        require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
+        require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
+        require(0 < self.sigma_min <= self.sigma_max, "sigma_min", "need 0 < sigma_min <= sigma_max")
+        require(self.noise_level > 0, "noise_level", "must be > 0")

@@ -1,0 +1,125 @@
+"""The flow-policy PPO recipe's config: the update (``ppo:``), the loop (``trainer:``),
+the behaviour-cloning warm start (``bc:``) and the root config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from omni_rl.config import FieldError, require
+from omni_rl.engine.config import Precision, Strategy
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
+from omni_rl.recipes import register_recipe
+from omni_rl.runtime import RunConfig
+from omni_rl.sim.config import SimEnvConfig
+
+
+@dataclass
+class PPOConfig:
+    """PPO over action chunks (or the critic-free GRPO variant)."""
+
+    gamma: float = 0.99
+    """Discount per chunk."""
+    lam: float = 0.95
+    """GAE lambda."""
+    clip_low: float = 0.2
+    """Lower ratio clip (1 - clip_low)."""
+    clip_high: float = 0.28
+    """Upper ratio clip (1 + clip_high)."""
+    ratio: Literal["chunk", "element"] = "chunk"
+    """One ratio per chunk, or one per action element."""
+    value_clip: float | None = 0.2
+    """Keep the new value within this of the old one in the loss (None: off)."""
+    huber_delta: float = 10.0
+    """Huber loss threshold of the value loss."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    normalize_advantages: bool = True
+    """Zero-mean, unit-std advantages per mini-batch."""
+    actor_lr: float = 3e-4
+    """Learning rate of the encoder, velocity and noise networks."""
+    critic_lr: float = 1e-3
+    """Learning rate of the value head."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip (0: off)."""
+    epochs: int = 4
+    """Passes over each rollout batch."""
+    minibatches: int = 4
+    """Mini-batches per pass."""
+    critic_free: bool = False
+    """GRPO variant: groups of episodes from one initial state, advantage = normalized return."""
+    group_size: int = 4
+    """Critic-free: episodes per initial state (num_envs must be a multiple)."""
+
+    def __post_init__(self):
+        require(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        require(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+        require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
+        require(self.group_size >= 2, "group_size", "must be >= 2")
+
+
+@dataclass
+class FlowTrainerConfig:
+    """The outer loop of flow-policy RL."""
+
+    iterations: int = 100
+    """Rollout-and-update iterations (each: one episode's worth of steps in every env)."""
+    eval_every: int = 10
+    """Evaluate success on held-out seeds every this many iterations (0: only at the end)."""
+    eval_episodes: int = 50
+    """Held-out episodes per evaluation."""
+    eval_seed: int = 1_000_000
+    """First held-out seed (training never uses seeds this high)."""
+    save_every: int = 0
+    """Checkpoint every this many iterations (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    precision: Precision = "fp32"
+    """fp32, bf16-mixed, bf16-pure or auto (bf16-mixed on CUDA); default fp32: bf16 blurs the PPO ratio."""
+    strategy: Strategy = "auto"
+    """ddp, fsdp or single; auto: ddp with several processes (sharding a 2-layer MLP gains nothing)."""
+
+    def __post_init__(self):
+        require(self.iterations >= 1, "iterations", "must be >= 1")
+        require(self.eval_episodes >= 1, "eval_episodes", "must be >= 1")
+
+
+@dataclass
+class BCConfig:
+    """Behaviour cloning from demonstrations before RL (the warm start)."""
+
+    demos: str | None = None
+    """Demonstrations file (omni-rl sim collect-demos); unset: no warm start."""
+    episodes: int | None = None
+    """Use only the first this many demo episodes (few-shot SFT); unset: all."""
+    steps: int = 1000
+    """Optimizer steps."""
+    lr: float = 1e-3
+    """Learning rate."""
+    batch_size: int = 256
+    """Chunks per step."""
+
+
+@register_recipe("flow_ppo", runner="omni_rl.recipes.flow_ppo:train", trainable=True)
+@dataclass
+class FlowPPOConfig:
+    """``omni-rl train``: behaviour cloning, then Flow-Noise / Flow-SDE PPO in simulation."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="flow_ppo", output_dir="runs/flow_ppo"))
+    """Output directory, seed and hardware."""
+    env: SimEnvConfig = field(default_factory=SimEnvConfig)
+    """The environments."""
+    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
+    """The policy."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """The update."""
+    trainer: FlowTrainerConfig = field(default_factory=FlowTrainerConfig)
+    """The loop."""
+    bc: BCConfig = field(default_factory=BCConfig)
+    """The warm start."""
+
+    def __post_init__(self):
+        if self.ppo.critic_free and self.env.num_envs % self.ppo.group_size:
+            raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")

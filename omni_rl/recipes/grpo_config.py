@@ -1,0 +1,98 @@
+"""The GRPO recipe's config: its update section (``algorithm:``) and root config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from omni_rl.config import require
+from omni_rl.data.config import DataConfig
+from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
+from omni_rl.models.config import ModelConfig
+from omni_rl.preprocess.config import MediaConfig
+from omni_rl.recipes import register_recipe
+from omni_rl.registry import did_you_mean
+from omni_rl.rewards.config import RewardsConfig
+from omni_rl.rollout.config import RolloutConfig
+from omni_rl.runtime import RunConfig
+
+
+@dataclass
+class AlgorithmConfig:
+    """The GRPO-family update."""
+
+    advantage: str = "grpo"
+    """Advantage estimator: grpo, dr_grpo, rloo or reinforce_pp."""
+    loss: Literal["clipped", "gspo"] = "clipped"
+    """Token-level clipped ratio (PPO/GRPO/DAPO) or sequence-level ratio (GSPO)."""
+    eps_low: float = 0.2
+    """Lower clip range."""
+    eps_high: float = 0.28
+    """Upper clip range (clip-higher)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages; unset disables."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses are averaged."""
+    kl_coef: float = 0.0
+    """Weight of KL(policy || reference); 0 needs no reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    kl_in_reward: bool = False
+    """Subtract the KL from the reward instead of adding it to the loss."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight."""
+    epochs: int = 1
+    """Passes over each rollout batch (PPO epochs)."""
+    mini_batch_prompts: int = 0
+    """Prompts per optimizer step within a batch; 0 uses the whole batch."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal and sample more prompts to refill."""
+    max_resample_rounds: int = 3
+    """Cap on extra sampling rounds per step with dynamic sampling."""
+    overlong: Literal["none", "mask", "penalty"] = "none"
+    """Truncated completions: kept, dropped from the loss, or softly penalized."""
+    overlong_buffer: int = 64
+    """Tokens before max_new_tokens where the soft penalty ramps up."""
+    overlong_factor: float = 1.0
+    """Size of the full overlong penalty."""
+
+    def __post_init__(self):
+        from omni_rl.algorithms.advantages import ADVANTAGES
+
+        require(
+            self.advantage in ADVANTAGES,
+            "advantage",
+            f"unknown estimator '{self.advantage}'{did_you_mean(self.advantage, ADVANTAGES.names())}; "
+            f"known: {', '.join(ADVANTAGES)}",
+        )
+        require(0 <= self.eps_low < 1 and self.eps_high >= 0, "eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
+        require(self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1")
+        require(self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef", "coefficients must be >= 0")
+        require(self.epochs >= 1, "epochs", "must be >= 1")
+        require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
+        require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
+
+
+@register_recipe("grpo", runner="omni_rl.recipes.grpo:train", trainable=True)
+@dataclass
+class GRPOConfig:
+    """GRPO-family RL of a vision/audio-language model against verifiable rewards."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="grpo", output_dir="runs/grpo"))
+    """Output directory, seed and hardware."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Rows, prompts and batch size."""
+    media: MediaConfig = field(default_factory=MediaConfig)
+    """Decoding budgets (must match the cache's)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, loss and regularizers."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """Scoring."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Steps, clipping, checkpoints."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-6))
+    """The optimizer."""

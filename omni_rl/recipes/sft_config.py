@@ -1,0 +1,41 @@
+"""The SFT recipe's config: its target section (``sft:``) and root config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omni_rl.data.config import DataConfig
+from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
+from omni_rl.models.config import ModelConfig
+from omni_rl.preprocess.config import MediaConfig
+from omni_rl.recipes import register_recipe
+from omni_rl.runtime import RunConfig
+
+
+@dataclass
+class SFTSection:
+    """What the model is taught to answer."""
+
+    target_template: str = "<answer>{answer}</answer>"
+    """The target completion, filled with the row's fields ({answer}, {solution}, ...)."""
+
+
+@register_recipe("sft", runner="omni_rl.recipes.sft:train", trainable=True)
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (a cold start before RL) on the same data and models."""
+
+    run: RunConfig = field(default_factory=lambda: RunConfig(name="sft", output_dir="runs/sft"))
+    """Output directory, seed and hardware."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Rows, prompts and batch size."""
+    media: MediaConfig = field(default_factory=MediaConfig)
+    """Decoding budgets (must match the cache's)."""
+    sft: SFTSection = field(default_factory=SFTSection)
+    """Targets."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Steps, clipping, checkpoints."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5))
+    """The optimizer."""

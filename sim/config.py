@@ -1,0 +1,33 @@
+"""The environment section (``env:``): the batched simulation environments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from omni_rl.config import require
+
+
+@dataclass
+class SimEnvConfig:
+    """The batched simulation environments."""
+
+    task: str = "PushCube-v1"
+    """ManiSkill task id (PushCube-v1, PickCube-v1, ...) or PointMass-v0 (pure torch)."""
+    num_envs: int = 8
+    """Environments stepped in parallel."""
+    backend: Literal["auto", "cpu", "gpu"] = "auto"
+    """cpu: one env per process; gpu: ManiSkill's batched GPU simulation; auto: gpu when CUDA is there."""
+    obs_mode: str = "state"
+    """Observation mode (state vectors)."""
+    control_mode: str = "pd_ee_delta_pos"
+    """Controller the actions drive."""
+    max_episode_steps: int = 50
+    """Episode length; one training iteration runs one episode's worth of steps per env."""
+    ignore_terminations: bool = True
+    """Run episodes to the time limit even after success (judged by success_once): with a
+    dense reward, ending the episode on success would pay less than hovering near it."""
+
+    def __post_init__(self):
+        require(self.num_envs >= 1, "num_envs", "must be >= 1")
+        require(self.max_episode_steps >= 1, "max_episode_steps", "must be >= 1")

@@ -1,0 +1,212 @@
+"""N processes equal one: the real FSDP2 (and DDP) code on 2 CPU processes over gloo,
+launched by torchrun as users launch it, against one process with the same global batch.
+
+Each rank owns whole prompt groups, samples them with per-prompt seeds, divides its
+losses by the global token count and steps through the engine; the exported weights
+after a few steps must match one process's within 1e-5. A 2-process run killed with
+SIGKILL and resumed continues with exactly the uninterrupted run's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from omni_rl.preprocess.scenes import write_video_qa
+
+pytestmark = pytest.mark.slow
+
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+TESTS = str(Path(__file__).parent)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1", "PYTHONPATH": TESTS}
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return write_video_qa(tmp_path_factory.mktemp("shapes"), videos=4, seed=0, seconds=2.0)
+
+
+@pytest.fixture(scope="module")
+def vowels(shapes):
+    """The same questions rewarded by ``reward_plugins.vowel_share``, which a random tiny
+    model's answers vary on (so that advantages are not all zero)."""
+    rows = [json.loads(line) for line in shapes.read_text().splitlines()]
+    data = shapes.with_name("vowels.jsonl")
+    data.write_text("".join(json.dumps({**row, "problem_type": "vowel_share"}) + "\n" for row in rows))
+    return data
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: Path, processes: int, *extra: str, wait: bool = True):
+    """``python -m omni_rl train`` in one process, or torchrun with ``processes``."""
+    if processes == 1:
+        command = [PYTHON, "-m", "omni_rl", "train", str(config), *extra]
+    else:
+        command = [
+            TORCHRUN,
+            f"--nproc-per-node={processes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{_port()}",
+            "-m",
+            "omni_rl",
+            "train",
+            str(config),
+            *extra,
+        ]
+    if not wait:
+        return subprocess.Popen(
+            command, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def initial_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "tiny_model" / "model.safetensors")
+
+
+def grpo_config(root: Path, data: Path, strategy: str, **sections) -> Path:
+    config = {
+        "recipe": "grpo",
+        "run": {"output_dir": str(root / "run"), "seed": 0},
+        "model": {"tiny_family": "qwen2_5_vl"},
+        "data": {"train": str(data), "prompts_per_step": 2},
+        "media": {
+            "family": "qwen2_5_vl",
+            "min_frames": 2,
+            "max_frames": 4,
+            "video_min_pixels": 3136,
+            "video_max_pixels": 6272,
+        },
+        "rollout": {"n": 4, "max_new_tokens": 8},
+        "algorithm": {"epochs": 2, "mini_batch_prompts": 2},
+        "trainer": {"steps": 3, "save_every": 1, "strategy": strategy, "precision": "fp32"},
+        "optimizer": {"type": "adamw", "lr": 1.0e-3},
+        "rewards": {"custom": {"vowel_share": "reward_plugins:vowel_share"}},
+    }
+    for name, values in sections.items():
+        config[name] = {**config.get(name, {}), **values}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    return root / "config.yaml"
+
+
+def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoints" / f"step-{step:08d}" / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> float:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= atol, worst
+    return worst
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def grpo_single(tmp_path_factory, vowels):
+    root = tmp_path_factory.mktemp("grpo1")
+    launch(grpo_config(root, vowels, "single"), 1)
+    return root / "run"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_grpo_on_two_processes_equals_one(tmp_path, vowels, grpo_single, strategy):
+    launch(grpo_config(tmp_path, vowels, strategy), 2)
+    # the starting weights are the same seeded tiny model; every update after that is
+    # computed from rank-local groups and global token counts
+    start, one_proc = initial_weights(grpo_single), weights(grpo_single, 3)
+    assert max(float((one_proc[k] - start[k]).abs().max()) for k in start) > 1e-3  # the runs did train
+    assert_same_weights(one_proc, weights(tmp_path / "run", 3))
+    one, two = metrics(grpo_single), metrics(tmp_path / "run")
+    assert [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two, strict=True):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+        assert a["response/length_mean"] == b["response/length_mean"]
+
+
+def test_sft_on_two_processes_equals_one(tmp_path, shapes):
+    runs = {}
+    for processes, strategy in ((1, "single"), (2, "fsdp")):
+        root = tmp_path / strategy
+        raw = yaml.safe_load(grpo_config(root, shapes, strategy).read_text())
+        del raw["rollout"], raw["algorithm"], raw["rewards"]
+        raw["recipe"] = "sft"
+        raw["trainer"].update(steps=3, save_every=0, micro_batch_size=1)  # accumulation too
+        (root / "config.yaml").write_text(yaml.safe_dump(raw))
+        launch(root / "config.yaml", processes)
+        runs[strategy] = root / "run"
+    start = initial_weights(runs["single"])
+    assert max(float((weights(runs["single"], 3)[k] - start[k]).abs().max()) for k in start) > 1e-3
+    assert_same_weights(weights(runs["single"], 3), weights(runs["fsdp"], 3))
+    assert metrics(runs["single"])[-1]["loss/sft"] == pytest.approx(metrics(runs["fsdp"])[-1]["loss/sft"], abs=1e-5)
+
+
+def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, vowels):
+    """With dynamic sampling too: its rounds and the shared sampler's position must
+    come back the same on every rank."""
+    steps = 4
+    sections = {
+        "trainer": {"steps": steps, "save_every": 1},
+        "algorithm": {"epochs": 1, "mini_batch_prompts": 0, "dynamic_sampling": True},
+    }
+    straight = grpo_config(tmp_path / "a", vowels, "fsdp", **sections)
+    launch(straight, 2)
+
+    resumed = grpo_config(tmp_path / "b", vowels, "fsdp", **sections)
+    log = tmp_path / "b" / "run" / "metrics.jsonl"
+    process = launch(resumed, 2, wait=False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done = len(log.read_text().splitlines())
+    assert 2 <= done < steps
+    launch(resumed, 2, "--resume", "auto")
+    assert metrics(tmp_path / "b" / "run") == metrics(tmp_path / "a" / "run")
+    assert_same_weights(weights(tmp_path / "a" / "run", steps), weights(tmp_path / "b" / "run", steps), atol=0)
+
+
+def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):
+    config = grpo_config(tmp_path, shapes, "auto", trainer={"steps": 1, "save_every": 1})
+    launch(config, 1)
+    raw = yaml.safe_load(config.read_text())
+    raw["trainer"]["steps"] = 2
+    config.write_text(yaml.safe_dump(raw))
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run(
+        [*command, "-m", "omni_rl", "train", str(config), "--resume", "auto"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0
+    assert "written by 1 process(es), resumed with 2" in done.stderr

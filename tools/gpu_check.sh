@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What only a GPU can show, in one command: FSDP2 bf16-mixed GRPO on GPUS (default 2)
+# GPUs for 5 steps with a random-init model of Qwen2.5-VL-3B's shapes (real vocabulary
+# and widths) on synthetic video QA; prints s/step, rollout tokens/s and peak memory
+# per GPU. Needs CUDA and the project's environment (make setup). CI never runs it.
+#   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+GPUS=${GPUS:-2}
+WORK=${WORK:-runs/gpu_check}
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= $GPUS else 1)"; then
+  echo "gpu_check: needs $GPUS CUDA GPU(s); found $("$PY" -c 'import torch; print(torch.cuda.device_count())')" >&2
+  exit 1
+fi
+[ -f "$WORK/model/config.json" ] || "$PY" tools/random_model.py --shape 3b --out "$WORK/model" --dtype float32
+[ -f "$WORK/data/data.jsonl" ] || "$PY" tools/make_synthetic_media.py --out "$WORK/data" --videos 16 --seconds 8
+rm -rf "$WORK/run"
+start=$(date +%s)
+"$(dirname "$PY")/torchrun" --standalone --nproc-per-node="$GPUS" -m omni_rl train configs/gpu_check_grpo_3b.yaml \
+  --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" --set run.output_dir="$WORK/run"
+echo "gpu_check: the run took $(( $(date +%s) - start )) s (model load and warm-up included)"
+"$PY" - "$WORK/run/metrics.jsonl" "$GPUS" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+steady = rows[1:] or rows  # step 1 pays for warm-up
+step = statistics.median(r["time/step"] for r in steady)
+tokens = statistics.median(r["throughput/rollout_tokens_per_s"] for r in steady)
+peak = max(r.get("memory/peak_allocated_gb", float("nan")) for r in rows)
+print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statistics.median(r['time/rollout'] for r in steady):.2f}, "
+      f"update {statistics.median(r['time/update'] for r in steady):.2f}) rollout tokens/s={tokens:.0f} "
+      f"peak memory per GPU={peak:.1f} GiB")
+PYEOF
