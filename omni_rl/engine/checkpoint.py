@@ -110,7 +110,8 @@ def save(
         (tmp / "rng").mkdir(parents=True)
     distributed.barrier()
     flat, groups = _flat_state(engine)
-    dcp.save(flat, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True))
+    writer = dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True)
+    dcp.save(flat, storage_writer=writer, no_dist=not engine.ranks.distributed)
     rng_tensors, rng_json = _rng_state()
     torch.save(rng_tensors, tmp / "rng" / f"rank-{rank:05d}.pt")
     (tmp / "rng" / f"rank-{rank:05d}.json").write_text(json.dumps(rng_json))
@@ -163,7 +164,8 @@ def load(engine: Engine, path: str | Path) -> dict:
     state = read_state(path)
     check_world_size(path, engine.ranks.world_size)
     flat, groups = _flat_state(engine)
-    dcp.load(flat, storage_reader=dcp.HuggingFaceStorageReader(str(path / "sharded")))
+    reader = dcp.HuggingFaceStorageReader(str(path / "sharded"))
+    dcp.load(flat, storage_reader=reader, no_dist=not engine.ranks.distributed)
     model = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
     set_model_state_dict(engine.model, model, options=StateDictOptions(strict=False))
     optim: dict = {"state": {}, "param_groups": groups}

@@ -17,7 +17,6 @@ from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.distributed import Ranks
 from omni_rl.engine.engine import load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
-from omni_rl.models import build_tiny, load
 from omni_rl.runtime import resolve_device, seed_everything, set_threads
 
 
@@ -65,6 +64,8 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     reference is the base with adapters disabled). A tiny model is built under
     ``out/tiny_model`` when ``model.path`` is unset. A resumed run's weights come from
     its checkpoint when the engine loads it."""
+    from omni_rl.models import build_tiny, load  # transformers: only recipes with a VLM pay for it
+
     precision = resolve_precision(cfg.trainer.precision, run.device)
     base = model_dir(cfg, run.out)
     if not cfg.model.path and run.ranks.is_main and not (base / "config.json").is_file():
