@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_rl.algorithms.losses import token_logprobs
-from omni_rl.models import FAMILIES, load
+from omni_rl.algorithms.losses import entropy_from_logits, token_logprobs
+from omni_rl.models import FAMILIES, forward, load, shared_prefix
 from omni_rl.models.forward import TOKEN_ALIGNED, group_forward, reset_rope_deltas
 from omni_rl.models.inputs import append_completion
 
@@ -51,38 +51,111 @@ def test_group_forward_equals_full_forward(family, tiny_checkpoint, family_promp
     n = 3
     ids, mask = completions(2 * n, 6)
     with torch.no_grad():
-        shared = group_forward(model, inputs, ids, mask, n, with_entropy=True)
+        shared = group_forward(model, inputs, ids, mask, n, entropy="metric")
         reference = full_logp(model, inputs, ids, mask, n)
     torch.testing.assert_close(shared.logp * mask, reference * mask, atol=1e-5, rtol=1e-5)
     assert shared.entropy.shape == ids.shape and (shared.entropy >= 0).all()
 
 
-def test_group_forward_gradients_equal_full_forward(tiny_checkpoint, family_prompts):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_group_forward_gradients_equal_full_forward(checkpointing, tiny_checkpoint, family_prompts):
+    """The same gradients as the full B*G forward, with and without gradient
+    checkpointing (which keeps the shared prompt: it runs once per group either way)."""
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     model.train()
     inputs = family_prompts("qwen2_5_vl", processor)
     n = 2
     ids, mask = completions(2 * n, 5, seed=1)
     watched = {"vision": model.model.visual.patch_embed.proj.weight, "head": model.lm_head.weight}
+    watched["layer0"] = model.model.language_model.layers[0].self_attn.k_proj.weight
 
     def grads(fn):
         model.zero_grad(set_to_none=True)
         (fn() * mask).sum().backward()
         return {name: p.grad.clone() for name, p in watched.items()}
 
-    shared = grads(lambda: group_forward(model, inputs, ids, mask, n).logp)
+    shared = grads(lambda: group_forward(model, inputs, ids, mask, n, entropy="grad").logp)
     reference = grads(lambda: full_logp(model, inputs, ids, mask, n))
     for name in watched:
         assert shared[name].abs().sum() > 0
-        torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-5)
 
 
-def test_group_forward_runs_the_vision_tower_once_per_batch(tiny_checkpoint, family_prompts):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_group_forward_runs_the_vision_tower_once_per_batch(checkpointing, tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train()
     inputs = family_prompts("qwen2_5_vl", processor)
     seen = []
     hook = model.model.visual.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
     ids, mask = completions(8, 4)
-    group_forward(model, inputs, ids, mask, 4)
+    group_forward(model, inputs, ids, mask, 4).logp.sum().backward()
     hook.remove()
     assert seen == [inputs["pixel_values_videos"].shape[0]]  # the patches of 2 prompts, not 8
+
+
+def test_the_prompt_keys_are_held_once_not_per_completion(tiny_checkpoint, family_prompts, monkeypatch):
+    """The completions' attention reads B prompts' stored keys and only their own new
+    keys: no [B*G, heads, P, dim] copy exists anywhere."""
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    seen = []
+    real = shared_prefix.grouped_attention
+
+    def spy(module, query, key, value, attention_mask, store, scaling):
+        seen.append((store.layers[module.layer_idx][0].shape, key.shape))
+        return real(module, query, key, value, attention_mask, store, scaling)
+
+    monkeypatch.setattr(shared_prefix, "grouped_attention", spy)
+    ids, mask = completions(8, 4)
+    with torch.no_grad():
+        group_forward(model, inputs, ids, mask, 4)
+    batch, prompt = inputs["input_ids"].shape
+    assert len(seen) == model.config.text_config.num_hidden_layers
+    for prefix_keys, own_keys in seen:
+        assert prefix_keys[0] == batch and prefix_keys[2] == prompt - 1
+        assert own_keys[0] == 8 and own_keys[2] == 4  # the tail only
+
+
+def test_chunked_logprobs_equal_the_whole_logits_with_exact_gradients(monkeypatch):
+    """Log-probs and entropies a few tokens at a time equal those of the whole [N, L, V]
+    logits, and so do their gradients (each chunk is recomputed in backward)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[0, 4:] = 0
+    monkeypatch.setattr(forward, "CHUNK_BYTES", 4 * 50 * 3)  # three tokens per chunk
+    out = forward.completion_logprobs(hidden, head, ids, mask, temperature=0.7, entropy="grad")
+    logits = head(hidden) / 0.7
+    want_logp = token_logprobs(logits, ids) * mask
+    want_entropy = entropy_from_logits(logits) * mask
+    torch.testing.assert_close(out[..., 0], want_logp, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out[..., 1], want_entropy, atol=1e-6, rtol=1e-6)
+    weights = torch.randn(3, 7)
+    got = torch.autograd.grad(((out[..., 0] - 0.1 * out[..., 1]) * weights).sum(), [hidden, head.weight])
+    want = torch.autograd.grad(((want_logp - 0.1 * want_entropy) * weights).sum(), [hidden, head.weight])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+    detached = forward.completion_logprobs(hidden, head, ids, mask, entropy="metric")
+    (through_entropy,) = torch.autograd.grad(detached[..., 1].sum(), hidden, allow_unused=True)
+    assert through_entropy is None or not through_entropy.any()  # a metric: no gradient
+    assert forward.completion_logprobs(hidden, head, ids, mask).shape == (3, 7, 1)
+
+
+def test_the_prompt_forward_projects_no_position_onto_the_vocabulary(tiny_checkpoint, family_prompts):
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    shapes = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    ids, mask = completions(4, 5)
+    with torch.no_grad():
+        group_forward(model, inputs, ids, mask, 2)
+    hook.remove()
+    vocab = model.config.text_config.vocab_size
+    assert all(vocab not in shape for shape in shapes), shapes

@@ -111,7 +111,8 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
     model.train()
     engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
     batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[0, 1])
-    stats = grpo._update(engine, None, batch, rollouts, mask, advantages, processor.tokenizer.pad_token_id, cfg)
+    pad = processor.tokenizer.pad_token_id
+    stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, logged=True)
     with torch.no_grad():
         after = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
     change = after - before
@@ -278,3 +279,55 @@ def test_image_and_video_rows_train_together_under_their_own_budgets(tmp_path):
     video = next(dataset[i] for i in range(len(dataset)) if dataset[i].videos)
     assert image.images[0].shape[0] * image.images[0].shape[1] <= 4 * 784
     assert video.videos[0].frames.shape[2] * video.videos[0].frames.shape[3] <= 8 * 784
+
+
+def test_pack_by_tokens_fills_each_micro_batch_under_its_budget():
+    from omni_rl.recipes.common import pack_by_tokens
+
+    # (prompt tokens, completion tokens) per item; a batch costs count * (max + max)
+    lengths = [(100, 40), (20, 10), (100, 80), (30, 10), (500, 10)]
+    batches = pack_by_tokens(lengths, budget=400)
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
+    assert [4] in batches  # over the budget alone: a batch of its own
+    for batch in batches:
+        if len(batch) > 1:
+            cost = len(batch) * (max(lengths[i][0] for i in batch) + max(lengths[i][1] for i in batch))
+            assert cost <= 400
+    assert len(batches) == 3  # {2, 0}, {1, 3}, {4}: longest first, first fit
+    assert all(len(b) <= 1 for b in pack_by_tokens(lengths, budget=10_000, max_items=1))
+
+
+def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint, family_prompts):
+    """Packed under trainer.max_tokens_per_microbatch, the two groups run as two
+    accumulated forwards and give the one-forward update within 1e-5."""
+    from omni_rl.engine.config import SGDConfig
+    from omni_rl.engine.engine import Engine
+    from omni_rl.models import load
+    from omni_rl.models.inputs import collate_prompts
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    pad = processor.tokenizer.pad_token_id
+    encoded = [dict(family_prompts("qwen2_5_vl", processor, only=i)) for i in range(2)]
+    rollouts = HFRolloutEngine(model, processor).generate(
+        collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[3, 4]
+    )
+    advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4])
+    prompt = max(e["input_ids"].shape[-1] for e in encoded)
+    results = []
+    for budget in (0, prompt + 4 * 6):  # the second fits one group per forward
+        model, _ = load(tiny_checkpoint("qwen2_5_vl"))
+        model.train()
+        overrides = ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"]
+        cfg = load_config(None, [*overrides, f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo")
+        engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+        stats = grpo._update(engine, None, batch, rollouts, rollouts.completion_mask, advantages, pad, cfg, True)
+        assert stats["update/micro_batches"] == (2 if budget else 1)
+        results.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    moved = sum(
+        float((results[0][n] - p).abs().sum()) for n, p in load(tiny_checkpoint("qwen2_5_vl"))[0].named_parameters()
+    )
+    assert moved > 0
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, atol=1e-5, rtol=1e-5)

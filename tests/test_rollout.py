@@ -137,3 +137,23 @@ def test_a_prompts_completions_do_not_depend_on_its_batch(tiny_checkpoint, famil
     torch.testing.assert_close(both.logprobs[3:, :width], alone.logprobs, atol=1e-5, rtol=1e-5)
     other = engine.generate(family_prompts("qwen2_5_vl", processor, only=1), n=3, sampling=sampling, seeds=[13])
     assert not torch.equal(other.completion_ids, alone.completion_ids)
+
+
+def test_decoding_reads_the_prompt_keys_once_per_group(tiny_checkpoint, family_prompts, monkeypatch):
+    """Each decoding step attends to the B prompts' stored keys and to a cache of the
+    completions' own tokens only (no G copies of the prompt's keys)."""
+    from omni_rl.models import shared_prefix
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    seen = []
+    real = shared_prefix.grouped_attention
+
+    def spy(module, query, key, value, attention_mask, store, scaling):
+        if module.layer_idx == 0:
+            seen.append((store.layers[0][0].shape[0], key.shape[0], key.shape[2]))
+        return real(module, query, key, value, attention_mask, store, scaling)
+
+    monkeypatch.setattr(shared_prefix, "grouped_attention", spy)
+    rollouts = HFRolloutEngine(model, processor).generate(inputs, n=4, sampling=SamplingParams(max_new_tokens=5))
+    assert seen == [(2, 8, step + 1) for step in range(rollouts.completion_ids.shape[1])]

@@ -50,6 +50,11 @@ class TrainerConfig:
     micro_batch_size: int = 0
     """Gradient accumulation: items per forward/backward (GRPO: prompts with their G
     completions; SFT: rows; flow PPO: chunks); 0 runs each mini-batch in one pass."""
+    max_tokens_per_microbatch: int = 0
+    """Gradient accumulation by length: items are packed, longest first, into forwards
+    of at most this many (padded) tokens (GRPO: a prompt counts once plus its G
+    completions; SFT: prompt plus target), together with ``micro_batch_size`` when both
+    are set; an item longer than the budget runs alone. 0: off."""
     max_bad_steps: int = 3
     """Stop the run after this many optimizer steps in a row had non-finite gradients."""
 
@@ -62,6 +67,7 @@ class TrainerConfig:
         require(self.save_every >= 0, "save_every", "must be >= 0")
         require(self.keep_last >= 1, "keep_last", "must be >= 1")
         require(self.micro_batch_size >= 0, "micro_batch_size", "must be >= 0")
+        require(self.max_tokens_per_microbatch >= 0, "max_tokens_per_microbatch", "must be >= 0")
         require(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
 
 

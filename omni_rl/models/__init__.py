@@ -50,8 +50,11 @@ def load(
     """
     from transformers import AutoProcessor
 
+    from omni_rl.models import shared_prefix
+
     family = family_of(path)
     model = family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
+    shared_prefix.install(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return model.to(device).eval(), processor
 

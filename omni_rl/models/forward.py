@@ -1,12 +1,19 @@
-"""The gradient forward of G completions per prompt, with the prompt computed once.
+"""The gradient forward of G completions per prompt, with the prompt computed and held once.
 
 A group's G sequences share their prompt: its media (thousands of video tokens) and
 its text. Here the prompt minus its last token runs once per prompt through the
-media encoders and the language model, with gradients; its KV cache is repeated G
-times (a differentiable copy) and the G completions run on top. Backward sends every
-completion's gradient through the shared prefix once. The logits equal those of the
-full B*G sequences (a test checks every family), at a fraction of the compute and
-activation memory when prompts are long.
+media encoders and the language model, with gradients, and each decoder layer keeps
+its keys and values once (``omni_rl.models.shared_prefix``). The G completions then
+run on top, attending to those keys without G copies of them. Backward sends every
+completion's gradient through the shared prompt once. The log-probs equal those of
+the full B*G sequences (a test checks every family), at a fraction of the compute and
+activation memory when prompts are long. Gradient checkpointing keeps all of this:
+the prompt still runs once per group.
+
+Logits exist only where they are used: the prompt's forward projects no position onto
+the vocabulary, and the completions' forward projects only completion tokens, a chunk
+at a time, into log-probs (and entropies when asked). Under autograd each chunk is
+recomputed in backward, so no [N, L, V] tensor is kept; the gradients are exact.
 
 Positions follow generation's convention (attention-mask cumsum plus the multimodal
 RoPE offsets of the prefill), so log-probs here match the sampler's.
@@ -14,39 +21,46 @@ RoPE offsets of the prefill), so log-probs here match the sampler's.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from omni_rl.algorithms.losses import entropy_from_logits, token_logprobs
+from omni_rl.models.shared_prefix import PrefixStore, ReadPrefix, RecordPrefix
 
 # Tensors whose second dimension runs over the prompt's tokens.
 TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+# fp32 logits of one chunk of completion tokens stay under this many bytes.
+CHUNK_BYTES = 256 * 2**20
+
+Entropy = Literal["off", "metric", "grad"]
 
 
 @dataclass
 class GroupOutput:
-    """logp, entropy: [N, L] over completion tokens (entropy None unless asked for)."""
+    """logp, entropy: [N, L] over completion tokens (entropy None when ``off``; zero at
+    masked positions)."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None
 
 
+@dataclass
+class Prefix:
+    """A prefilled batch of prompts: their stored keys and values, how many real tokens
+    each has, and their multimodal RoPE offsets ([B, 1], or None)."""
+
+    store: PrefixStore
+    lengths: torch.Tensor
+    deltas: torch.Tensor | None
+
+
 def _rope_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if hasattr(m, "rope_deltas")]
-
-
-def _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad) -> GroupOutput:
-    """Log-probs (and entropies) of completion tokens from their logits [N, L, V]."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, completion_ids)
-    entropy = None
-    if with_entropy:
-        with nullcontext() if entropy_grad else torch.no_grad():
-            entropy = entropy_from_logits(logits)
-    return GroupOutput(logp, entropy)
 
 
 def reset_rope_deltas(model: torch.nn.Module) -> None:
@@ -55,17 +69,11 @@ def reset_rope_deltas(model: torch.nn.Module) -> None:
         module.rope_deltas = None
 
 
-def repeat_rope_deltas(model: torch.nn.Module, batch: int, n: int) -> torch.Tensor | None:
-    """Repeat the per-prompt multimodal RoPE offsets stored by a prefill to its n samples;
-    returns them ([B*n, 1]) or None for models without them."""
-    deltas = None
+def _rope_deltas(model: torch.nn.Module) -> torch.Tensor | None:
     for module in _rope_modules(model):
-        value = module.rope_deltas
-        if isinstance(value, torch.Tensor) and value.shape[0] == batch:
-            module.rope_deltas = value.repeat_interleave(n, dim=0)
         if isinstance(module.rope_deltas, torch.Tensor):
-            deltas = module.rope_deltas
-    return deltas
+            return module.rope_deltas
+    return None
 
 
 def text_positions(model: torch.nn.Module, attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -76,8 +84,78 @@ def text_positions(model: torch.nn.Module, attention_mask: torch.Tensor) -> torc
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def prefix_inputs(model: torch.nn.Module, inputs: dict) -> dict:
-    """The prompts without their last token, ready for a prefill forward.
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The vocabulary projection (through DDP and LoRA wrappers)."""
+    while isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model.get_output_embeddings()
+
+
+@contextmanager
+def head_replaced(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Run the vocabulary projection as ``forward(hidden)`` inside the model's forward
+    (where sharded weights are gathered), then restore it."""
+    head = output_head(model)
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _chunk_outputs(hidden, weight, bias, ids, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """[M, 1 or 2]: log p(ids) (and the entropy) of M positions' hidden states [M, H]."""
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, ids[:, None]).squeeze(-1) - log_z
+    if not with_entropy:
+        return logp[:, None]
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return torch.stack([logp, entropy], dim=-1)
+
+
+def completion_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: Entropy = "off",
+) -> torch.Tensor:
+    """Per-token log-probs (and entropies) at the masked-in positions, chunk by chunk.
+
+    Args:
+        hidden: [N, L, H] final hidden states; ids, mask: [N, L].
+    Returns:
+        [N, L, 1] (or [N, L, 2] with entropy), zero where ``mask`` is 0. Under autograd
+        each chunk's logits are recomputed in backward rather than kept.
+    """
+    keep = mask.bool()
+    flat, targets = hidden[keep], ids[keep]
+    width = 1 if entropy == "off" else 2
+    per_chunk = max(1, CHUNK_BYTES // (4 * head.weight.shape[0]))
+    parts = []
+    for start in range(0, flat.shape[0], per_chunk):
+        args = (flat[start : start + per_chunk], head.weight, head.bias, targets[start : start + per_chunk])
+        if torch.is_grad_enabled():
+            part = checkpoint(_chunk_outputs, *args, temperature, width == 2, use_reentrant=False)
+        else:
+            part = _chunk_outputs(*args, temperature, width == 2)
+        parts.append(part)
+    values = torch.cat(parts) if parts else hidden.new_zeros(0, width, dtype=torch.float32)
+    if entropy == "metric":
+        values = torch.cat([values[:, :1], values[:, 1:].detach()], dim=-1)
+    out = values.new_zeros(*ids.shape, width)
+    out[keep] = values
+    return out
+
+
+def prefill(model: torch.nn.Module, inputs: dict) -> Prefix:
+    """The prompts without their last token, through the media encoders and the decoder,
+    once each; every layer's keys and values are kept (with their graph, under autograd)
+    and no position is projected onto the vocabulary.
 
     Models without multimodal RoPE get explicit positions from the attention mask, as
     generation uses them, so that left padding is not counted; multimodal-RoPE models
@@ -87,7 +165,23 @@ def prefix_inputs(model: torch.nn.Module, inputs: dict) -> dict:
     positions = text_positions(model, prefix["attention_mask"])
     if positions is not None:
         prefix["position_ids"] = positions
-    return prefix
+    store = PrefixStore(prefix["attention_mask"].bool())
+    reset_rope_deltas(model)
+    with head_replaced(model, lambda hidden: hidden[:, :0]):
+        model(**prefix, use_cache=False, shared_prefix=RecordPrefix(store))
+    return Prefix(store, inputs["attention_mask"].long().sum(-1), _rope_deltas(model))
+
+
+def tail_positions(prefix: Prefix, tail_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """Positions of the completions' tokens (the prompt's last token first): the
+    prompt's real-token count onwards, counting only real completion tokens, plus the
+    prompt's multimodal RoPE offset ([3, N, T]) where the model has one ([N, T] else)."""
+    offsets = torch.cumsum(tail_mask.long(), dim=-1) - tail_mask.long()[:, :1]
+    positions = prefix.lengths.repeat_interleave(n)[:, None].to(offsets.device) - 1 + offsets
+    if prefix.deltas is None:
+        return positions
+    deltas = prefix.deltas.repeat_interleave(n, dim=0).to(positions.device)
+    return positions[None].expand(3, -1, -1) + deltas[None]
 
 
 def group_forward(
@@ -97,8 +191,7 @@ def group_forward(
     completion_mask: torch.Tensor,
     group_size: int,
     temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = True,
+    entropy: Entropy = "off",
 ) -> GroupOutput:
     """Per-token log-probs of G completions for each of B prompts.
 
@@ -106,34 +199,34 @@ def group_forward(
         inputs: the B left-padded prompts (``input_ids`` [B, P] and their media tensors).
         completion_ids, completion_mask: [B*G, L], grouped prompt by prompt.
         temperature: logits are divided by it (as in sampling).
-        with_entropy: also return per-token entropies (entropy_grad: differentiable, for
-            an entropy bonus; else a detached metric).
+        entropy: ``off``; ``metric`` (detached, for logging); ``grad`` (differentiable,
+            for an entropy bonus).
     Returns:
         log-probs [B*G, L] (and entropies) of the completion tokens.
     """
-    batch = inputs["input_ids"].shape[0]
     n = group_size
-    reset_rope_deltas(model)
-    cache = model(**prefix_inputs(model, inputs), use_cache=True).cache
-    cache.batch_repeat_interleave(n)
-    deltas = repeat_rope_deltas(model, batch, n)
-
+    prefix = prefill(model, inputs)
     last = inputs["input_ids"][:, -1:].repeat_interleave(n, dim=0)
     tail = torch.cat([last, completion_ids[:, :-1]], dim=1)
-    prompt_mask = inputs["attention_mask"].repeat_interleave(n, dim=0)
-    attention_mask = torch.cat([prompt_mask, completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -tail.shape[1] :]
-    if deltas is not None:
-        positions = positions[None].expand(3, -1, -1) + deltas[None].to(positions.device)
+    tail_mask = torch.cat([torch.ones_like(last), completion_mask[:, :-1].to(last.dtype)], dim=1)
     extra = {}
     if "mm_token_type_ids" in inputs:
-        extra["mm_token_type_ids"] = torch.cat(
-            [inputs["mm_token_type_ids"].repeat_interleave(n, dim=0), torch.zeros_like(tail[:, 1:])], dim=1
-        )
-    logits = model(
-        input_ids=tail, attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True, **extra
-    ).logits
-    return _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad)
+        extra["mm_token_type_ids"] = torch.zeros_like(tail)
+    head = output_head(model)
+    with head_replaced(
+        model, lambda hidden: completion_logprobs(hidden, head, completion_ids, completion_mask, temperature, entropy)
+    ):
+        out = model(
+            input_ids=tail,
+            attention_mask=tail_mask,
+            position_ids=tail_positions(prefix, tail_mask, n),
+            use_cache=False,
+            shared_prefix=ReadPrefix(prefix.store),
+            **extra,
+        ).logits
+    if entropy == "off":
+        return GroupOutput(out[..., 0], None)
+    return GroupOutput(out[..., 0], out[..., 1].detach() if entropy == "metric" else out[..., 1])
 
 
 def full_forward(
@@ -142,13 +235,10 @@ def full_forward(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = True,
 ) -> GroupOutput:
-    """The same log-probs from whole sequences, each prompt copied once per completion.
-
-    Used under gradient checkpointing, which cannot keep a KV cache across the
-    recomputation: memory is saved, and the prompt (media included) runs G times.
+    """The naive way, as peer frameworks do it: every completion forwarded with its own
+    copy of the prompt and media, logits kept over the completion tokens only. The
+    reference the shared forward is tested and benchmarked against.
 
     Args:
         expanded: prompts already repeated G times each ([B*G, P] and their media).
@@ -158,9 +248,15 @@ def full_forward(
 
     reset_rope_deltas(model)
     batch, _ = append_completion(expanded, completion_ids, completion_mask)
+    batch.pop("labels", None)
     positions = text_positions(model, batch["attention_mask"])
     if positions is not None:
         batch["position_ids"] = positions
-    prompt_length = expanded["input_ids"].shape[1]
-    logits = model(**batch).logits[:, prompt_length - 1 : -1]
-    return _completion_outputs(logits, completion_ids, temperature, with_entropy, entropy_grad)
+    head, keep = output_head(model), completion_ids.shape[1] + 1
+    with head_replaced(model, lambda hidden: F.linear(hidden[:, -keep:], head.weight, head.bias)):
+        logits = model(**batch).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logits = logits.float()
+    logp = logits.gather(-1, completion_ids[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return GroupOutput(logp * completion_mask, None)

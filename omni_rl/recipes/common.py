@@ -89,9 +89,11 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
         )
         model = get_peft_model(model, spec)
     if cfg.model.gradient_checkpointing:
-        # transformers >= 5.x names it activation checkpointing; older 5.x releases do not
+        # non-reentrant: the shared-prefix forward reads the prompt's keys, recorded inside
+        # checkpointed layers, from outside them (transformers >= 5.x names it activation
+        # checkpointing; older 5.x releases do not)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
+        enable({"use_reentrant": False})
     reference = None
     if with_reference and lora is None:
         # frozen: bf16 storage is enough wherever compute is bf16
@@ -150,6 +152,34 @@ def save_if_due(cfg, run: Run, step: int, engine, processor, state: dict) -> Non
         checkpoint.save(engine, run.out, step, state, processor, keep_last=cfg.trainer.keep_last)
 
 
+def pack_by_tokens(lengths: list[tuple[int, int]], budget: int, max_items: int = 0) -> list[list[int]]:
+    """Items packed into micro-batches of at most ``budget`` padded tokens (and at most
+    ``max_items`` items when > 0), longest first, each into the first batch it fits.
+
+    Args:
+        lengths: per item, (shared tokens, per-item tokens): a micro-batch costs
+            count * max(shared) + count * max(per-item) tokens once padded (GRPO: the
+            prompt, then G completions; SFT: the prompt, then the target).
+    Returns:
+        lists of item indices, in ascending order within each batch; an item over the
+        budget on its own gets a batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -sum(lengths[i]))
+    batches: list[list[int]] = []
+
+    def cost(items: list[int]) -> int:
+        return len(items) * (max(lengths[i][0] for i in items) + max(lengths[i][1] for i in items))
+
+    for item in order:
+        for batch in batches:
+            if (not max_items or len(batch) < max_items) and cost([*batch, item]) <= budget:
+                batch.append(item)
+                break
+        else:
+            batches.append([item])
+    return [sorted(b) for b in batches]
+
+
 class Timer:
     """Seconds per phase of a step: ``with timer("rollout"): ...``."""
 
@@ -201,8 +231,12 @@ class MetricsLog:
 
         self.writer = SummaryWriter(str(out / "tensorboard"))
 
+    def due(self, step: int, force: bool = False) -> bool:
+        """Whether step ``step``'s row is written (the same answer on every rank)."""
+        return force or step % self.every == 0
+
     def log(self, row: dict, force: bool = False) -> None:
-        if not self.enabled or not (force or row["step"] % self.every == 0):
+        if not self.enabled or not self.due(row["step"], force):
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

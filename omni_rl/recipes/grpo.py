@@ -19,11 +19,12 @@ from omni_rl.data.dataset import Sample, encode_sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
-from omni_rl.models.forward import full_forward, group_forward
+from omni_rl.models.forward import Entropy, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Timer,
     model_dir,
+    pack_by_tokens,
     per_rank,
     resume_steps,
     save_if_due,
@@ -175,50 +176,38 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
     return loss, sums, means
 
 
-def _checkpointing(model) -> bool:
-    """Whether activation (gradient) checkpointing is on (through a LoRA wrapper too)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(base), name):
-            return bool(getattr(base, name))
-    return False
+def _width(mask: torch.Tensor, rows: list[int]) -> int:
+    """Columns that hold a completion token in any of ``rows`` (at least one)."""
+    return max(1, int(mask[rows].sum(-1).max()))
 
 
-def _logprobs(engine: Engine, model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, **entropy):
-    """Log-probs of the completions of the prompts in ``chunk`` through ``model`` (the
-    engine's training model, or the reference): each prompt computed once per group,
-    or, under gradient checkpointing (which cannot keep a KV cache), copied once per
-    completion."""
+def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off"):
+    """Log-probs [rows, width] of the completions of the prompts in ``chunk`` through
+    ``model`` (the engine's training model, or the reference), trimmed to the longest
+    completion among them: each prompt and its media computed once per group, its keys
+    held once, with or without gradient checkpointing."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
-    if model is engine.model and _checkpointing(engine.module) and engine.module.training:
-        expanded = collate_prompts([batch.encoded[p] for p in chunk for _ in range(n)], pad_id)
-        return full_forward(
-            model, _to(expanded, engine.device), ids[rows], mask[rows], cfg.rollout.temperature, **entropy
-        )
+    width = _width(mask, rows)
     inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
-    return group_forward(
-        model, _to(inputs, engine.device), ids[rows], mask[rows], n, cfg.rollout.temperature, **entropy
-    )
+    device = ids.device
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return group_forward(model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy)
 
 
 def _reference_logp(engine: Engine, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
     if reference is not None:
-        return _logprobs(engine, reference, batch, chunk, ids, mask, pad_id, cfg).logp
+        return _logprobs(reference, batch, chunk, ids, mask, pad_id, cfg).logp
     with engine.module.disable_adapter():  # LoRA: the reference is the base without adapters
-        return _logprobs(engine, engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
+        return _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
 
 
 @torch.no_grad()
 def _sequence_kl(engine: Engine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
     """Summed per-token KL estimate of each completion: [B*G]."""
     ids, everything = rollouts.completion_ids.to(engine.device), list(range(len(batch.samples)))
-    logp = _logprobs(engine, engine.model, batch, everything, ids, mask, pad_id, cfg).logp
+    logp = _logprobs(engine.model, batch, everything, ids, mask, pad_id, cfg).logp
     ref = _reference_logp(engine, reference, batch, everything, ids, mask, pad_id, cfg)
-    return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask).sum(-1)
-
-
-def _to(inputs: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask[:, : logp.shape[1]]).sum(-1)
 
 
 def _rollout_metrics(rollouts) -> dict:
@@ -286,7 +275,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             advantages = compute_advantages(algo.advantage, rewards, n).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
-            update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg)
+            logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
+            update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged)
             rollout.load_weights(engine.module)
         # LOG: every rank's rewards and diagnostics
         everything = distributed.gather_objects(list(zip(results, types, sources, strict=True)))
@@ -314,22 +304,39 @@ def _rows(chunk: list[int], n: int) -> list[int]:
     return [p * n + g for p in chunk for g in range(n)]
 
 
-def _plan(prompts: list[int], cfg: GRPOConfig) -> list[list[list[int]]]:
+def _plan(prompts: list[int], lengths: list[tuple[int, int]], cfg: GRPOConfig) -> list[list[list[int]]]:
     """Mini-batches (one optimizer step each) of micro-batches (one forward and backward
     each) of this rank's prompts, padded to the same shape on every rank: a rank short
-    of a micro-batch repeats its first one, marked by an empty list, with zero weight."""
+    of a micro-batch repeats its first one, marked by an empty list, with zero weight.
+
+    Micro-batches hold ``trainer.micro_batch_size`` prompts, or are packed by length
+    under ``trainer.max_tokens_per_microbatch`` (``lengths``: per prompt, its prompt
+    tokens and its G completions' padded tokens)."""
     ranks = distributed.ranks()
     mini = per_rank(cfg.algorithm.mini_batch_prompts or cfg.data.prompts_per_step, ranks, "mini-batch prompts")
-    micro = cfg.trainer.micro_batch_size or mini
+    micro, budget = cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_microbatch
     minis = [prompts[i : i + mini] for i in range(0, len(prompts), mini)]
     plan = []
     for m in range(distributed.all_max(len(minis))):
-        chunks = [c[i : i + micro] for c in minis[m : m + 1] for i in range(0, len(c), micro)]
+        chunks = []
+        for c in minis[m : m + 1]:
+            if budget:
+                chunks += [[c[j] for j in b] for b in pack_by_tokens([lengths[p] for p in c], budget, micro)]
+            else:
+                step = micro or len(c)
+                chunks += [c[i : i + step] for i in range(0, len(c), step)]
         plan.append(chunks + [[]] * (distributed.all_max(len(chunks)) - len(chunks)))
     return plan
 
 
-def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id, cfg) -> dict:
+def _entropy_mode(cfg: GRPOConfig, logged: bool) -> Entropy:
+    """Differentiable entropy for a bonus; a detached one only on steps that log it."""
+    if cfg.algorithm.entropy_coef > 0:
+        return "grad"
+    return "metric" if logged else "off"
+
+
+def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id, cfg, logged: bool) -> dict:
     """PPO-style epochs over mini-batches of prompts, each accumulated over micro-batches
     and stepped by the engine; returns the mini-batches' mean diagnostics over ranks."""
     algo, n = cfg.algorithm, cfg.rollout.n
@@ -337,7 +344,8 @@ def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id
     prompts = list(range(len(batch.samples)))
     if not distributed.all_max(len(prompts)):
         return {"skipped_update": 1}
-    plan = _plan(prompts, cfg)
+    lengths = [(batch.encoded[p]["input_ids"].shape[-1], n * _width(mask, _rows([p], n))) for p in prompts]
+    plan = _plan(prompts, lengths, cfg)
     needs_old = algo.epochs > 1 or len(plan) > 1
     old, ref = {}, {}
     with torch.no_grad():
@@ -345,12 +353,13 @@ def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id
             for i, chunk in enumerate(chunks):
                 chunk = chunk or prompts[:1]  # a padding forward keeps collectives in step
                 if needs_old:
-                    old[m, i] = _logprobs(engine, engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
+                    old[m, i] = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
                 if algo.kl_coef > 0 and not algo.kl_in_reward:
                     ref[m, i] = _reference_logp(engine, reference, batch, chunk, ids, mask, pad_id, cfg)
     sums: dict[str, float] = {}
     means: dict[str, list[float]] = {}
     grad_norms = []
+    entropy = _entropy_mode(cfg, logged)
     for _ in range(algo.epochs):
         for m, chunks in enumerate(plan):
             mini_rows = _rows([p for c in chunks for p in c], n)
@@ -363,21 +372,11 @@ def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id
                 weight = 1.0 if chunk else 0.0
                 chunk = chunk or prompts[:1]
                 rows = _rows(chunk, n)
-                out = _logprobs(
-                    engine,
-                    engine.model,
-                    batch,
-                    chunk,
-                    ids,
-                    mask,
-                    pad_id,
-                    cfg,
-                    with_entropy=True,
-                    entropy_grad=algo.entropy_coef > 0,
-                )
+                out = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg, entropy)
+                width = out.logp.shape[1]
                 old_logp = old[m, i] if needs_old else out.logp.detach()
                 loss, part_sums, part_means = _policy_loss(
-                    out, old_logp, ref.get((m, i)), advantages[rows], mask[rows], denominator, cfg
+                    out, old_logp, ref.get((m, i)), advantages[rows], mask[rows, :width], denominator, cfg
                 )
                 engine.backward(loss * weight)
                 for key, value in part_sums.items():
@@ -390,5 +389,6 @@ def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id
     totals = distributed.all_sum([sums[k] for k in keys])
     stats = {k: v / len(grad_norms) for k, v in zip(keys, totals, strict=True)}
     stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    stats["update/micro_batches"] = sum(len(chunks) for chunks in plan)
     stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
     return stats

@@ -13,7 +13,16 @@ from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import reset_rope_deltas, text_positions
 from omni_rl.models.inputs import append_completion, collate_prompts
-from omni_rl.recipes.common import Timer, per_rank, resume_steps, save_if_due, setup_data, setup_model, start_run
+from omni_rl.recipes.common import (
+    Timer,
+    pack_by_tokens,
+    per_rank,
+    resume_steps,
+    save_if_due,
+    setup_data,
+    setup_model,
+    start_run,
+)
 from omni_rl.recipes.sft_config import SFTConfig
 
 
@@ -25,13 +34,32 @@ def render_target(template: str, sample: Sample) -> str:
         raise OmniRLError(f"sft.target_template field {err} is not in row '{sample.id}'") from None
 
 
-def _batch(dataset, indices, processor, cfg: SFTConfig, device):
-    """Model inputs and labels (-100 on prompts and padding) for the rows ``indices``."""
+def _encode(dataset, indices, processor, cfg: SFTConfig) -> list[tuple[dict, list[int]]]:
+    """Per row: its encoded prompt (with media) and its target's token ids (+ end token)."""
     tokenizer = processor.tokenizer
-    samples = [dataset[i] for i in indices]
-    inputs = collate_prompts([dict(encode_sample(processor, s)) for s in samples], tokenizer.pad_token_id)
-    targets = [render_target(cfg.sft.target_template, s) + tokenizer.eos_token for s in samples]
-    encoded = tokenizer(targets, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    rows = []
+    for i in indices:
+        sample = dataset[i]
+        target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
+        rows.append((dict(encode_sample(processor, sample)), tokenizer(target, add_special_tokens=False)["input_ids"]))
+    return rows
+
+
+def _micro_batches(rows: list[tuple[dict, list[int]]], cfg: SFTConfig) -> list[list[int]]:
+    """Row positions per forward: ``micro_batch_size`` at a time, or packed by length
+    under ``max_tokens_per_microbatch``."""
+    micro, budget = cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_microbatch
+    if budget:
+        return pack_by_tokens([(p["input_ids"].shape[-1], len(t)) for p, t in rows], budget, micro)
+    step = micro or len(rows)
+    return [list(range(i, min(i + step, len(rows)))) for i in range(0, len(rows), step)]
+
+
+def _batch(rows: list[tuple[dict, list[int]]], processor, device):
+    """Model inputs and labels (-100 on prompts and padding) for encoded rows."""
+    tokenizer = processor.tokenizer
+    inputs = collate_prompts([p for p, _ in rows], tokenizer.pad_token_id)
+    encoded = tokenizer.pad({"input_ids": [t for _, t in rows]}, return_tensors="pt", padding_side="right")
     batch, labels = append_completion(inputs, encoded["input_ids"], encoded["attention_mask"])
     return {k: v.to(device) for k, v in batch.items()}, labels.to(device)
 
@@ -52,7 +80,6 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     dataset, sampler = setup_data(cfg)
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
-    micro = cfg.trainer.micro_batch_size or rows
     log, bar = resume_steps(cfg, run, engine, sampler, "sft")
     row: dict = {}
     for step in bar:
@@ -60,13 +87,23 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
             indices = sampler.next_batch(cfg.data.prompts_per_step)[run.ranks.rank * rows : (run.ranks.rank + 1) * rows]
-            parts = [_batch(dataset, indices[i : i + micro], processor, cfg, run.device) for i in range(0, rows, micro)]
-            (tokens,) = distributed.all_sum([float(sum(int((labels != -100).sum()) for _, labels in parts))])
+            encoded = _encode(dataset, indices, processor, cfg)
+            plan = _micro_batches(encoded, cfg)
+            # packed by length, ranks may differ in forwards: the short ones repeat their
+            # first with zero weight, so that sharded forwards stay in step
+            weights = [1.0] * len(plan) + [0.0] * (distributed.all_max(len(plan)) - len(plan))
+            parts = [
+                _batch([encoded[i] for i in (plan[k] if w else plan[0])], processor, run.device)
+                for k, w in enumerate(weights)
+            ]
+            (tokens,) = distributed.all_sum(
+                [float(sum(w * int((labels != -100).sum()) for (_, labels), w in zip(parts, weights, strict=True)))]
+            )
         # UPDATE: cross-entropy on the target tokens, accumulated over micro-batches
         with timer("update"):
             loss = 0.0
-            for batch, labels in parts:
-                part = _target_nll(engine.model, batch, labels, tokens)
+            for (batch, labels), weight in zip(parts, weights, strict=True):
+                part = _target_nll(engine.model, batch, labels, tokens) * weight
                 engine.backward(part)
                 loss += part.item()
             result = engine.step()

@@ -1,13 +1,15 @@
-"""Rollouts with transformers: each prompt prefilled once, its cache shared by G samples.
+"""Rollouts with transformers: each prompt prefilled once, its keys held once for G samples.
 
 ``model.generate(num_return_sequences=G)`` copies every prompt G times before the
 prefill, so the vision/audio encoder and the language model run G times over the same
-prompt. Here the prompt (all but its last token) is prefilled once per prompt, the KV
-cache and multimodal RoPE offsets are repeated G times, and ``generate`` continues
-from the last prompt token for all B*G sequences. The sampling distribution
-(temperature, top-k, top-p, with media placeholder tokens removed) is built by our
-own logits processors; the next records the log-probability of each sampled token
-under exactly that distribution.
+prompt, and repeating a prefilled cache G times still keeps G copies of its keys and
+values. Here the prompt (all but its last token) is prefilled once per prompt, each
+decoder layer keeps its keys and values once (``omni_rl.models.shared_prefix``), and
+a decode loop continues all B*G sequences from the prompt's last token, their own
+keys in a cache of completion tokens only. The sampling distribution (temperature,
+top-k, top-p, with media placeholder tokens removed) is shaped by transformers'
+logits processors, and the log-probability of each sampled token under exactly that
+distribution is recorded.
 
 Sampling is seeded per completion, not per batch: the token at each step is the
 argmax of the log-probabilities plus Gumbel noise that a counter-based hash draws
@@ -24,7 +26,6 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     LogitsProcessor,
-    LogitsProcessorList,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -33,8 +34,9 @@ from transformers import (
 
 from omni_rl.engine import distributed
 from omni_rl.models import placeholder_token_ids
-from omni_rl.models.forward import TOKEN_ALIGNED, prefix_inputs, repeat_rope_deltas, reset_rope_deltas
+from omni_rl.models.forward import prefill, tail_positions
 from omni_rl.models.inputs import collate_prompts
+from omni_rl.models.shared_prefix import ReadPrefix
 
 
 @dataclass(frozen=True)
@@ -74,26 +76,6 @@ class Rollouts:
         return torch.tensor([r == "length" for r in self.finish_reasons], device=self.lengths.device)
 
 
-class _RecordLogprobs(LogitsProcessor):
-    """Last processor: keeps log-softmax of the final scores of the previous step and,
-    once the next step shows which token was sampled, stores its log-probability."""
-
-    def __init__(self):
-        self.pending: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-
-    def collect(self, sampled: torch.Tensor) -> None:
-        if self.pending is not None:
-            self.steps.append(self.pending.gather(-1, sampled[:, None]).squeeze(-1))
-            self.pending = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.pending is not None:
-            self.collect(input_ids[:, -1])
-        self.pending = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-
 MASK32 = 0xFFFFFFFF
 
 
@@ -122,25 +104,6 @@ def completion_seeds(prompt_seeds: list[int], n: int, device) -> torch.Tensor:
     return hash32(seeds.repeat_interleave(n) * 1_000_003 + torch.arange(n, device=device).repeat(len(prompt_seeds)))
 
 
-class _GumbelSample(LogitsProcessor):
-    """After the recorder: adds each row's seeded Gumbel noise, so that the argmax that
-    greedy decoding takes is a sample from the recorded distribution."""
-
-    def __init__(self, row_seeds: torch.Tensor):
-        self.row_seeds = row_seeds
-        self.step = 0
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        noise = gumbel_noise(self.row_seeds, self.step, scores.shape[-1])
-        self.step += 1
-        return torch.log_softmax(scores.float(), dim=-1) + noise
-
-
-def _repeat_prompt_inputs(inputs: dict, n: int) -> dict:
-    """Token-aligned prompt tensors repeated n times (row i -> rows i*n .. i*n+n-1)."""
-    return {k: inputs[k].repeat_interleave(n, dim=0) for k in TOKEN_ALIGNED if k in inputs}
-
-
 class HFRolloutEngine:
     """Sampling on the training model itself (CPU or GPU).
 
@@ -165,19 +128,18 @@ class HFRolloutEngine:
         inputs (``samples`` itself is not needed here); ``seeds``: one per prompt."""
         return self.generate(collate_prompts(encoded, self.pad_id), n, sampling, seeds)
 
-    def _processors(self, sampling: SamplingParams, recorder: _RecordLogprobs, row_seeds) -> LogitsProcessorList:
-        processors: list[LogitsProcessor] = [SuppressTokensLogitsProcessor(self.banned, device=self.model.device)]
+    def _warpers(self, sampling: SamplingParams) -> list[LogitsProcessor]:
+        """The sampling distribution's shaping: placeholders banned, then temperature,
+        top-k and top-p (transformers' processors; none of them reads the token history)."""
+        warpers: list[LogitsProcessor] = [SuppressTokensLogitsProcessor(self.banned, device=self.model.device)]
         if sampling.temperature > 0:
             if sampling.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(sampling.temperature))
+                warpers.append(TemperatureLogitsWarper(sampling.temperature))
             if sampling.top_k > 0:
-                processors.append(TopKLogitsWarper(sampling.top_k))
+                warpers.append(TopKLogitsWarper(sampling.top_k))
             if sampling.top_p < 1.0:
-                processors.append(TopPLogitsWarper(sampling.top_p))
-        processors.append(recorder)
-        if sampling.temperature > 0:
-            processors.append(_GumbelSample(row_seeds))
-        return LogitsProcessorList(processors)
+                warpers.append(TopPLogitsWarper(sampling.top_p))
+        return warpers
 
     @torch.no_grad()
     def generate(self, inputs: dict, n: int, sampling: SamplingParams, seeds: list[int] | None = None) -> Rollouts:
@@ -189,39 +151,53 @@ class HFRolloutEngine:
         """
         model = self.model
         inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-        batch, prompt_length = inputs["input_ids"].shape
+        batch = inputs["input_ids"].shape[0]
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (batch,)).tolist()
         row_seeds = completion_seeds(seeds, n, model.device)
+        stop_ids = torch.tensor(self.stop_ids, device=model.device)
+        warpers = self._warpers(sampling)
+        synced = distributed.ranks().distributed
         was_training = model.training
         model.eval()
         try:
-            # PREFILL: every token but the last, media encoders included, once per prompt
-            reset_rope_deltas(model)
-            cache = model(**prefix_inputs(model, inputs), use_cache=True).cache
-            cache.batch_repeat_interleave(n)
-            repeat_rope_deltas(model, batch, n)
-            # DECODE: all B*G sequences continue from their prompt's last token
-            recorder = _RecordLogprobs()
-            # our processors shape and sample the distribution (the argmax of seeded
-            # Gumbel-perturbed log-probs); transformers' own warpers and penalties stay off
-            output = model.generate(
-                **_repeat_prompt_inputs(inputs, n),
-                cache=cache,
-                do_sample=False,
-                repetition_penalty=1.0,
-                max_new_tokens=sampling.max_new_tokens,
-                logits_processor=self._processors(sampling, recorder, row_seeds),
-                synced_gpus=distributed.ranks().distributed,
-                eos_token_id=self.stop_ids,
-                pad_token_id=self.pad_id,
-            )
+            # PREFILL: every token but the last, media encoders included, once per prompt;
+            # each layer keeps the prompt's keys and values once for its G samples
+            prefix = prefill(model, inputs)
+            reader = ReadPrefix(prefix.store)
+            tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
+            first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
+            extra = {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
+            finished = torch.zeros_like(tokens, dtype=torch.bool)
+            cache, sampled, logprobs = None, [], []
+            # DECODE: all B*G sequences, one token each per step, until every one stopped
+            # (on every rank: sharded forwards run in step)
+            for step in range(sampling.max_new_tokens):
+                out = model(
+                    input_ids=tokens[:, None],
+                    position_ids=first + step,
+                    cache=cache,
+                    use_cache=True,
+                    shared_prefix=reader,
+                    **extra,
+                )
+                cache = out.cache
+                scores = out.logits[:, -1].float()
+                for warp in warpers:
+                    scores = warp(None, scores)
+                logp = torch.log_softmax(scores, dim=-1)
+                noisy = logp + gumbel_noise(row_seeds, step, logp.shape[-1]) if sampling.temperature > 0 else logp
+                tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
+                sampled.append(tokens)
+                logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
+                finished |= torch.isin(tokens, stop_ids)
+                unfinished = int(not finished.all())
+                if not (distributed.all_max(unfinished) if synced else unfinished):
+                    break
         finally:
             model.train(was_training)
-        completions = output[:, prompt_length:]
-        if completions.shape[1]:
-            recorder.collect(completions[:, -1])
-        return self._package(completions, recorder.steps, n)
+        completions = torch.stack(sampled, 1) if sampled else torch.zeros(batch * n, 0, dtype=torch.long)
+        return self._package(completions, logprobs, n)
 
     def _package(self, completions: torch.Tensor, steps: list[torch.Tensor], n: int) -> Rollouts:
         count, width = completions.shape
