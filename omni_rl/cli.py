@@ -269,8 +269,10 @@ def _cache_verify(args: argparse.Namespace) -> int:
     "cache gc",
     "remove entries that no row of DATA references",
     arg("cache", metavar="DIR"),
-    arg("--data", required=True, metavar="DATA"),
+    arg("--data", required=True, action="append", metavar="DATA", help="a dataset whose entries to keep (repeatable)"),
     arg("--config", metavar="FILE", help="the config the cache was built with"),
+    arg("--dry-run", action="store_true", help="print what would be deleted and kept; delete nothing"),
+    arg("--force", action="store_true", help="delete even when that is more than what is kept"),
     OVERRIDE,
 )
 def _cache_gc(args: argparse.Namespace) -> int:
@@ -278,11 +280,40 @@ def _cache_gc(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.pipeline import referenced_keys
 
     cache = MediaCache(args.cache)
-    keep = referenced_keys(args.data, _budgets(args.config, args.overrides))
-    removed = [k for k in cache.entry_keys() if k not in keep]
-    freed = sum(cache.remove(k) for k in removed)
-    print(f"removed {len(removed)} entries ({freed} bytes), kept {len(cache.entry_keys())}")
+    manifest = cache.manifest()
+    budgets = _budgets(args.config, args.overrides)
+    keep = set().union(*(referenced_keys(data, budgets, cache) for data in args.data))
+    plan = cache.gc_plan(keep)
+    summary = (
+        f"{len(plan.delete)} entries ({plan.delete_bytes} bytes) to delete, "
+        f"{len(plan.keep)} entries ({plan.keep_bytes} bytes) to keep"
+    )
+    if args.dry_run:
+        for verb, entries in (("delete", plan.delete), ("keep", plan.keep)):
+            for key, size in entries.items():
+                meta = cache.meta(key) or {}
+                print(f"{verb} {cache.path(key)} {size} bytes ({meta.get('kind', '?')}: {meta.get('source', '?')})")
+        print(f"dry run: {summary}; nothing deleted")
+        return 0
+    if plan.delete_bytes > plan.keep_bytes and not args.force:
+        raise OmniRLError(f"{args.cache}: cache gc refused: {summary}. {_gc_hint(manifest, budgets)}")
+    freed = sum(cache.remove(key) for key in plan.delete)
+    print(f"removed {len(plan.delete)} entries ({freed} bytes), kept {len(plan.keep)} ({plan.keep_bytes} bytes)")
     return 0
+
+
+def _gc_hint(manifest: dict, budgets) -> str:
+    """Why a gc would delete most of a cache, and what to do about it."""
+    from omni_rl.preprocess.cache import params_digest
+
+    digest = params_digest(budgets.all_params())
+    if digest not in manifest["param_sets"]:
+        built = ", ".join(sorted(manifest["param_sets"])) or "none recorded"
+        return (
+            f"These media settings (params {digest}) are not among those the cache was built with ({built}): "
+            "pass the --config (or --set values) it was built with; --dry-run lists the entries, --force deletes"
+        )
+    return "Check --data (repeat it for every dataset sharing the cache); --dry-run lists the entries, --force deletes"
 
 
 @command(

@@ -4,6 +4,7 @@ Layout of a cache directory::
 
     manifest.json                 format name and version, every parameter set written
     entries/ab/abcdef....safetensors
+    index/<dataset digest>.json   (row, medium) -> entry key per dataset (see index.py)
     failures.jsonl                rows the last preprocess run could not cache
 
 An entry's key hashes the format version, the media kind, the SHA-256 of the source
@@ -16,10 +17,13 @@ that is renamed into place, the manifest last, so a killed run leaves no half en
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +71,8 @@ def entry_key(kind: str, source_digest: str, params: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -97,6 +102,22 @@ class Entry:
 
     tensors: dict[str, torch.Tensor]
     meta: dict
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    """What ``cache gc`` would delete and keep: entry key -> bytes."""
+
+    delete: dict[str, int]
+    keep: dict[str, int]
+
+    @property
+    def delete_bytes(self) -> int:
+        return sum(self.delete.values())
+
+    @property
+    def keep_bytes(self) -> int:
+        return sum(self.keep.values())
 
 
 class MediaCache:
@@ -133,11 +154,23 @@ class MediaCache:
 
     def record_params(self, params: dict) -> None:
         """Add a parameter set to the manifest (written atomically, after the entries)."""
-        manifest = self.manifest()
-        manifest["param_sets"][params_digest(params)] = params
-        manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.locked():
+            manifest = self.manifest()  # another run may have added a set since
+            manifest["param_sets"][params_digest(params)] = params
+            manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cache's lock (``CACHE/.lock``) while reading and rewriting a shared
+        file, so two preprocess runs never lose each other's updates."""
         self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def write(self, key: str, tensors: dict[str, np.ndarray], meta: dict) -> int:
         """Write one entry atomically; returns its size in bytes."""
@@ -168,6 +201,14 @@ class MediaCache:
             raise OmniRLError(f"{path}: unreadable cache entry ({err})") from None
         return Entry(tensors, meta)
 
+    def meta(self, key: str) -> dict | None:
+        """An entry's metadata without its tensors, or None when it is unreadable."""
+        try:
+            with safe_open(str(self.path(key)), framework="pt") as f:
+                return json.loads(f.metadata()["omni_rl"])
+        except Exception:  # noqa: BLE001 - a damaged file fails in safetensors' own ways
+            return None
+
     def entry_keys(self) -> list[str]:
         """Every entry key on disk."""
         return sorted(p.stem for p in (self.root / "entries").glob("*/*.safetensors"))
@@ -184,6 +225,14 @@ class MediaCache:
         if actual != entry.meta.get("tensors_sha256"):
             return "tensor bytes do not match their digest"
         return None
+
+    def gc_plan(self, referenced: set[str]) -> GcPlan:
+        """Which entries a gc keeps (those in ``referenced``) and deletes, with their bytes."""
+        sizes = {key: self.path(key).stat().st_size for key in self.entry_keys()}
+        return GcPlan(
+            delete={k: n for k, n in sizes.items() if k not in referenced},
+            keep={k: n for k, n in sizes.items() if k in referenced},
+        )
 
     def remove(self, key: str) -> int:
         """Delete an entry; returns the bytes freed."""
@@ -212,14 +261,10 @@ class MediaCache:
         kinds: dict[str, dict[str, int]] = {}
         total = 0
         for key in self.entry_keys():
-            path = self.path(key)
-            size = path.stat().st_size
+            size = self.path(key).stat().st_size
             total += size
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    kind = json.loads(f.metadata()["omni_rl"]).get("kind", "?")
-            except Exception:  # noqa: BLE001 - stats still counts unreadable entries
-                kind = "unreadable"
+            meta = self.meta(key)
+            kind = meta.get("kind", "?") if meta is not None else "unreadable"
             row = kinds.setdefault(kind, {"entries": 0, "bytes": 0})
             row["entries"] += 1
             row["bytes"] += size

@@ -12,15 +12,16 @@ import os
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from omni_rl.errors import OmniRLError
 from omni_rl.preprocess.audio import SAMPLE_RATE, read_audio
-from omni_rl.preprocess.cache import MediaCache, entry_key, file_digest
+from omni_rl.preprocess.cache import MediaCache, entry_key, file_digest, params_digest
 from omni_rl.preprocess.image import ImageBudget, read_image
+from omni_rl.preprocess.index import DatasetIndex, IndexedMedium, IndexMiss, lookup
 from omni_rl.preprocess.rows import Row, RowFailure, read_rows, resolve_media_path
 from omni_rl.preprocess.video import VideoBudget, read_video
 
@@ -61,7 +62,8 @@ class Budgets:
         )
 
     def params(self, kind: str) -> dict:
-        """The parameters that change the output of ``kind`` (part of its cache key)."""
+        """The parameters that change the output of ``kind`` (part of its cache key;
+        a video's own audio track, ``video_audio``, takes the audio parameters)."""
         if kind == "video":
             return {"video": asdict(self.video)}
         if kind == "image":
@@ -70,6 +72,10 @@ class Budgets:
 
     def all_params(self) -> dict:
         return {k: self.params(k) for k in ("video", "image", "audio")}
+
+    def params_digest(self, kind: str) -> str:
+        """The digest of ``params(kind)``, under which the cache index files keys."""
+        return params_digest(self.params(kind))
 
 
 def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np.ndarray], dict]:
@@ -115,26 +121,50 @@ def medium_key(kind: str, path: Path, budgets: Budgets) -> str:
     """The cache key of one medium (hashes the file's bytes)."""
     if not path.is_file():
         raise OmniRLError(f"{path}: no such file")
-    return entry_key(kind, file_digest(path), budgets.params("audio" if kind == "video_audio" else kind))
+    return entry_key(kind, file_digest(path), budgets.params(kind))
+
+
+def indexed_medium(
+    indexed: list[IndexedMedium] | None, position: int, kind: str, path: Path, budgets: Budgets
+) -> IndexedMedium:
+    """The index record of a row's medium as it is now, with its key under ``budgets``;
+    the file is hashed only when the row's previous records cannot name the key."""
+    if not path.is_file():
+        raise OmniRLError(f"{path}: no such file")
+    now = IndexedMedium.stat(kind, path)  # before hashing: a file changed meanwhile looks changed next time
+    digest = budgets.params_digest(kind)
+    try:
+        key = lookup(indexed, position, kind, path, digest)
+    except IndexMiss:
+        key = medium_key(kind, path, budgets)
+    return replace(now, keys={digest: key})
 
 
 @dataclass(frozen=True)
 class RowOutcome:
-    """What caching one row did: ``status`` is cached, already_cached or failed."""
+    """What caching one row did: ``status`` is cached, already_cached or failed;
+    ``media`` are the row's index records (empty when it failed)."""
 
     row_id: str
     status: str
     bytes: int = 0
     failure: RowFailure | None = None
+    media: tuple[IndexedMedium, ...] = ()
 
 
-def cache_row(row: Row, data_root: Path, cache: MediaCache, budgets: Budgets) -> RowOutcome:
-    """Cache every medium of a row (a row is cached whole or counted as failed)."""
+def cache_row(
+    row: Row, data_root: Path, cache: MediaCache, budgets: Budgets, indexed: list[IndexedMedium] | None = None
+) -> RowOutcome:
+    """Cache every medium of a row (a row is cached whole or counted as failed).
+
+    ``indexed``: the row's records from an earlier run, which spare hashing unchanged files.
+    """
     written = 0
     try:
         media = row_media(row, data_root, budgets)
-        keys = [medium_key(kind, path, budgets) for kind, path in media]
-        for (kind, path), key in zip(media, keys, strict=True):
+        records = [indexed_medium(indexed, i, kind, path, budgets) for i, (kind, path) in enumerate(media)]
+        for (kind, path), record in zip(media, records, strict=True):
+            key = record.keys[budgets.params_digest(kind)]
             if cache.has(key):
                 continue
             tensors, meta = decode_medium(kind, path, budgets)
@@ -144,7 +174,7 @@ def cache_row(row: Row, data_root: Path, cache: MediaCache, budgets: Budgets) ->
     except Exception as err:  # noqa: BLE001 - a bad file must never stop the run
         reason = f"{type(err).__name__}: {err}"
         return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, reason))
-    return RowOutcome(row.id, "cached" if written else "already_cached", written)
+    return RowOutcome(row.id, "cached" if written else "already_cached", written, media=tuple(records))
 
 
 def _worker_init(threads: int) -> None:
@@ -197,9 +227,11 @@ def preprocess(
     limit: int | None = None,
     progress: bool = True,
 ) -> PreprocessReport:
-    """Cache every row of ``data``; failures go to ``CACHE/failures.jsonl``.
+    """Cache every row of ``data``; failures go to ``CACHE/failures.jsonl``, the rows'
+    entry keys to the cache index (see ``omni_rl.preprocess.index``).
 
-    Resumable: entries already present are skipped, so a rerun does only what is
+    Resumable: entries already present are skipped, and files unchanged since the last
+    run (same size and mtime) are not hashed again, so a rerun does only what is
     missing. The manifest is written last.
     """
     from tqdm import tqdm
@@ -213,7 +245,8 @@ def preprocess(
     if limit is not None:
         rows = rows[:limit]
     workers = workers or os.cpu_count() or 1
-    jobs = [(row, data.parent, cache, budgets) for row in rows]
+    index = DatasetIndex(cache, data)
+    jobs = [(row, data.parent, cache, budgets, index.rows.get(row.id)) for row in rows]
     outcomes: list[RowOutcome] = []
     with tqdm(total=len(jobs), desc="preprocess", unit="row", disable=not progress) as bar:
         if workers == 1:
@@ -228,6 +261,7 @@ def preprocess(
                     outcomes.append(outcome)
                     bar.update()
     failures += [o.failure for o in outcomes if o.failure is not None]
+    index.update({o.row_id: list(o.media) for o in outcomes if o.failure is None})
     cache.root.mkdir(parents=True, exist_ok=True)
     tmp = cache.root / f".failures.jsonl.{os.getpid()}.tmp"
     tmp.write_text("".join(f.to_json() + "\n" for f in failures), encoding="utf-8")
@@ -245,15 +279,25 @@ def preprocess(
     )
 
 
-def referenced_keys(data: str | Path, budgets: Budgets) -> set[str]:
-    """Cache keys of every medium the valid rows of ``data`` reference."""
+def referenced_keys(data: str | Path, budgets: Budgets, cache: MediaCache) -> set[str]:
+    """Cache keys of every medium the valid rows of ``data`` reference under ``budgets``:
+    from the cache index where it can say (raw file unchanged or deleted), else by
+    hashing the file; a medium that is neither indexed nor on disk has no key."""
     data = Path(data)
     rows, _ = read_rows(data)
+    index = DatasetIndex(cache, data)
     keys = set()
     for row in rows:
-        for kind, path in row_media(row, data.parent, budgets):
-            if path.is_file():
-                keys.add(medium_key(kind, path, budgets))
+        try:
+            media = row_media(row, data.parent, budgets)
+        except OmniRLError:  # a path escaping its root: the row was never cached
+            continue
+        for position, (kind, path) in enumerate(media):
+            try:
+                keys.add(index.key(row.id, position, kind, path, budgets.params_digest(kind)))
+            except IndexMiss:
+                if path.is_file():
+                    keys.add(medium_key(kind, path, budgets))
     return keys
 
 

@@ -14,6 +14,7 @@ to uint8 so that frames can be cached exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,17 +138,55 @@ def _decode_decord(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, 
     return reader.get_batch(indices).asnumpy(), fps, total, indices
 
 
+def keep_frames(frames: Iterable, indices: list[int]) -> tuple[list[np.ndarray], int]:
+    """The frames at ``indices`` as uint8 RGB [H, W, 3] arrays, and how many frames
+    ``frames`` yielded. Only the kept frames are converted and held in memory.
+
+    Args:
+        frames: decoded frames in order (objects with ``to_ndarray(format=...)``).
+        indices: ordinals of the frames to keep.
+    """
+    wanted = set(indices)
+    kept: dict[int, np.ndarray] = {}
+    count = 0
+    for frame in frames:
+        if count in wanted:
+            kept[count] = frame.to_ndarray(format="rgb24")
+        count += 1
+    return [kept[i] for i in indices if i in kept], count
+
+
+def _pyav_sampled(path: Path, indices: list[int]) -> tuple[list[np.ndarray], int]:
+    import av
+
+    with av.open(str(path)) as container:
+        return keep_frames(container.decode(container.streams.video[0]), indices)
+
+
 def _decode_pyav(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, int, list[int]]:
+    """Sample by the packet count, decoding once and keeping only the sampled frames.
+
+    No seeking: an index is a frame's ordinal in decode order, as decord counts it, and
+    a seek lands on a keyframe whose ordinal is known only through timestamps, which
+    variable frame rates break. Where the packets were not one frame each, the frames
+    are sampled again from the true count in a second pass.
+    """
     import av
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         fps = float(stream.average_rate or stream.guessed_rate)
-        decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-    if not decoded:
+        packets = sum(1 for packet in container.demux(stream) if packet.size)
+    if not packets:
         raise OmniRLError("no frames decoded")
-    indices = sample_indices(len(decoded), fps, budget)
-    return np.stack([decoded[i] for i in indices]), fps, len(decoded), indices
+    indices = sample_indices(packets, fps, budget)
+    frames, total = _pyav_sampled(path, indices)
+    if total != packets:
+        if not total:
+            raise OmniRLError("no frames decoded")
+        indices = sample_indices(total, fps, budget)
+        frames, _ = _pyav_sampled(path, indices)
+    return np.stack(frames), fps, total, indices
 
 
 DECODERS = {"decord": _decode_decord, "pyav": _decode_pyav}

@@ -11,7 +11,9 @@ import torch
 from omni_rl.data.dataset import MediaDataset, build_messages, encode_sample
 from omni_rl.errors import OmniRLError
 from omni_rl.models import FAMILIES, load
+from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.image import ImageBudget
+from omni_rl.preprocess.index import DatasetIndex
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video, write_wav
 from omni_rl.preprocess.video import VideoBudget
@@ -88,26 +90,80 @@ def test_cache_modes(dataset_file, tmp_path):
     assert prefer.cache_misses == 2
     only = MediaDataset(dataset_file, budgets, cache=cache, cache_mode="cache_only")
     only[0]
-    with pytest.raises(OmniRLError, match=r"row 'two': .*i\.png is not in the cache"):
+    with pytest.raises(OmniRLError, match=r"data\.jsonl:2: row 'two': .*i\.png: not in the cache index"):
         only[1]
     other = small_budgets("qwen3_vl")  # a different patch size is a different key
-    with pytest.raises(OmniRLError, match="is not in the cache"):
+    with pytest.raises(OmniRLError, match=r"row 'video': .*a\.mp4: not preprocessed with these media settings"):
         MediaDataset(dataset_file, other, cache=cache, cache_mode="cache_only")[0]
     with pytest.raises(OmniRLError, match="needs a cache directory"):
         MediaDataset(dataset_file, budgets, cache_mode="cache_only")
 
 
-def test_a_changed_source_file_is_a_miss(dataset_file, tmp_path):
+def copy_dataset(dataset_file, out):
     import shutil
 
-    data = tmp_path / "copy"
-    shutil.copytree(dataset_file.parent, data)
+    shutil.copytree(dataset_file.parent, out)
+    return out / "data.jsonl"
+
+
+def test_cache_only_reads_every_sample_with_the_raw_media_deleted(dataset_file, tmp_path):
+    import shutil
+
+    data = copy_dataset(dataset_file, tmp_path / "copy")
+    budgets = small_budgets("qwen2_5_omni_thinker")  # every row's media: video, image and audio
+    report = preprocess(data, tmp_path / "cache", budgets, workers=1, progress=False)
+    assert report.failed == 0
+    raw = MediaDataset(data, budgets, cache_mode="no_cache")
+    expected = [raw[i] for i in range(len(raw))]
+    shutil.rmtree(data.parent / "m")
+    cached = MediaDataset(data, budgets, cache=tmp_path / "cache", cache_mode="cache_only")
+    for want, got in zip(expected, (cached[i] for i in range(len(cached))), strict=True):
+        assert [c.frames.tobytes() for c in got.videos] == [c.frames.tobytes() for c in want.videos]
+        assert [i.tobytes() for i in got.images] == [i.tobytes() for i in want.images]
+        assert [a.tobytes() for a in got.audios] == [a.tobytes() for a in want.audios]
+    assert cached.cache_hits == 7 and cached.cache_misses == 0
+    # prefer_cache needs no raw file either once a medium is indexed
+    assert MediaDataset(data, budgets, cache=tmp_path / "cache")[3].videos
+
+
+def test_cache_only_errors_name_the_file_the_row_and_the_reason(dataset_file, tmp_path):
     budgets = small_budgets("qwen2_5_vl")
-    preprocess(data / "data.jsonl", tmp_path / "cache", budgets, workers=1, progress=False)
-    write_video(data / "m" / "a.mp4", moving_square("left", 2.0, 10, 120, 90), 10)
-    ds = MediaDataset(data / "data.jsonl", budgets, cache=tmp_path / "cache")
-    clip = ds[0].videos[0]
-    assert ds.cache_misses == 1
+    cache = tmp_path / "cache"
+    data = copy_dataset(dataset_file, tmp_path / "copy")
+    with pytest.raises(OmniRLError, match=r"data\.jsonl:1: row 'video': .*a\.mp4: the cache .* has no index of"):
+        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[0]
+    preprocess(data, cache, budgets, workers=1, progress=False)
+    rows = data.read_text().splitlines()
+    (data.parent / "more.jsonl").write_text("\n".join(rows) + "\n")  # another dataset file shares the media
+    only = MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")
+    with pytest.raises(OmniRLError, match=r"more\.jsonl:1: row 'video': .*a\.mp4: the cache .* has no index of"):
+        MediaDataset(data.parent / "more.jsonl", budgets, cache=cache, cache_mode="cache_only")[0]
+    write_video(data.parent / "m" / "b.mp4", moving_square("left", 3.0, 10, 90, 120), 10)
+    with pytest.raises(OmniRLError, match=r"data\.jsonl:2: row 'two': .*b\.mp4: the file changed since it was"):
+        only[1]
+    data.write_text(rows[0].replace("m/a.mp4", "m/b.mp4") + "\n" + "\n".join(rows[1:]) + "\n")
+    with pytest.raises(OmniRLError, match=r"data\.jsonl:1: row 'video': .*b\.mp4: the row's media changed"):
+        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[0]
+    MediaCache(cache).remove(next(iter(DatasetIndex(MediaCache(cache), data).rows["audio"][0].keys.values())))
+    with pytest.raises(OmniRLError, match=r"data\.jsonl:3: row 'audio': .*t\.wav: its entry \w+ is not in the cache"):
+        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[2]
+
+
+def test_a_changed_source_file_is_redecoded_and_unchanged_ones_are_not_hashed(dataset_file, tmp_path, monkeypatch):
+    from omni_rl.preprocess import pipeline
+
+    data = copy_dataset(dataset_file, tmp_path / "copy")
+    budgets = small_budgets("qwen2_5_omni_thinker")
+    preprocess(data, tmp_path / "cache", budgets, workers=1, progress=False)
+    write_video(data.parent / "m" / "a.mp4", moving_square("left", 2.0, 10, 120, 90), 10)
+    hashed = []
+    digest = pipeline.file_digest
+    monkeypatch.setattr(pipeline, "file_digest", lambda path: hashed.append(path.name) or digest(path))
+    ds = MediaDataset(data, budgets, cache=tmp_path / "cache")
+    samples = [ds[i] for i in range(len(ds))]
+    assert sorted(hashed) == ["a.mp4", "a.mp4"]  # rows 'video' and 'all'; b.mp4, i.png, t.wav only stat'ed
+    assert (ds.cache_hits, ds.cache_misses) == (5, 2)
+    clip = samples[0].videos[0]
     red_x = np.nonzero(clip.frames[:, 0] > 128)
     first = red_x[2][red_x[0] == 0].mean()
     last = red_x[2][red_x[0] == len(clip.frames) - 1].mean()

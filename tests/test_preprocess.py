@@ -259,7 +259,14 @@ def test_cache_gc_and_verify_cli(dataset, tmp_path, capsys):
     small.write_text(
         json.dumps({"id": "x", "problem": "p", "problem_type": "c", "answer": 1, "images": ["media/i.png"]}) + "\n"
     )
-    assert main(["cache", "gc", str(cache_dir), "--data", str(small)]) == 0
+    capsys.readouterr()
+    # keeping one image and deleting three clips is more deleted than kept: refused without --force
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small)]) == 2
+    assert "cache gc refused: 3 entries" in capsys.readouterr().err
+    assert len(cache.entry_keys()) == before
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--data", str(dataset)]) == 0
+    assert len(cache.entry_keys()) == before  # both datasets' entries are kept
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--force"]) == 0
     assert len(cache.entry_keys()) == 1 < before
     key = cache.entry_keys()[0]
     path = cache.path(key)
@@ -269,6 +276,71 @@ def test_cache_gc_and_verify_cli(dataset, tmp_path, capsys):
     capsys.readouterr()
     assert main(["cache", "verify", str(cache_dir)]) == 1
     assert "corrupt:" in capsys.readouterr().out
+
+
+def test_cache_gc_dry_run_deletes_nothing_and_other_budgets_are_refused(dataset, tmp_path, capsys):
+    cache_dir = tmp_path / "cache"
+    built_with = ["--set", "media.video_min_pixels=3136", "--set", "media.video_max_pixels=6272"]
+    built_with += ["--set", "media.image_max_pixels=6272", "--set", "media.max_audio_seconds=5"]
+    assert main(["preprocess", str(dataset), "--cache", str(cache_dir), "--workers", "1", *built_with]) == 0
+    cache = MediaCache(cache_dir)
+    entries = sorted(cache.entry_keys())
+    sizes = sum(cache.path(k).stat().st_size for k in entries)
+    capsys.readouterr()
+    # default budgets reference none of these entries: a gc would delete everything
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("delete ") for line in out) == len(entries) == 4
+    assert out[-1] == f"dry run: 4 entries ({sizes} bytes) to delete, 0 entries (0 bytes) to keep; nothing deleted"
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset)]) == 2
+    err = capsys.readouterr().err
+    assert "cache gc refused" in err and "not among those the cache was built with" in err
+    assert sorted(cache.entry_keys()) == entries
+    # with the budgets it was built with, nothing is deleted, even with the raw media gone
+    for name in ("a.mp4", "b.mp4", "i.png", "t.wav"):
+        (dataset.parent / "media" / name).unlink()
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), "--dry-run", *built_with]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("keep ") for line in out) == 4 and "0 entries (0 bytes) to delete" in out[-1]
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), *built_with]) == 0
+    assert sorted(cache.entry_keys()) == entries
+
+
+def test_the_index_maps_rows_to_keys_per_dataset_and_reruns_hash_nothing(dataset, tmp_path, monkeypatch):
+    from omni_rl.preprocess import pipeline
+    from omni_rl.preprocess.index import DatasetIndex
+
+    cache_dir = tmp_path / "cache"
+    budgets = Budgets(VideoBudget(min_frames=2), ImageBudget())
+    pipeline.preprocess(dataset, cache_dir, budgets, workers=1, progress=False)
+    index = DatasetIndex(MediaCache(cache_dir), dataset)
+    assert sorted(index.rows) == ["image-audio", "two-videos"]  # failed rows are not indexed
+    video = dataset.parent / "media" / "a.mp4"
+    a = index.rows["two-videos"][0]
+    assert (a.kind, a.path, a.size, a.mtime_ns) == ("video", str(video), video.stat().st_size, video.stat().st_mtime_ns)
+    assert list(a.keys) == [budgets.params_digest("video")]
+    assert MediaCache(cache_dir).has(a.keys[budgets.params_digest("video")])
+
+    hashed = []
+    digest = pipeline.file_digest
+    monkeypatch.setattr(pipeline, "file_digest", lambda path: hashed.append(path.name) or digest(path))
+    report = pipeline.preprocess(dataset, cache_dir, budgets, workers=1, progress=False)
+    cached_files = {"a.mp4", "b.mp4", "i.png", "t.wav"}
+    assert report.already_cached == 2
+    assert not cached_files & set(hashed)  # unchanged files are only stat'ed (failed rows' files are retried)
+
+    # other budgets add keys; another dataset sharing the cache gets its own index file
+    other = Budgets(VideoBudget(min_frames=2, min_pixels=3136, max_pixels=6272), ImageBudget())
+    pipeline.preprocess(dataset, cache_dir, other, workers=1, progress=False)
+    keys = DatasetIndex(MediaCache(cache_dir), dataset).rows["two-videos"][0].keys
+    assert set(keys) == {budgets.params_digest("video"), other.params_digest("video")}
+    assert {"a.mp4", "b.mp4"} <= set(hashed)  # a key under new budgets needs the content digest
+    second = dataset.parent / "second.jsonl"
+    second.write_bytes(dataset.read_bytes().splitlines()[1] + b"\n")
+    pipeline.preprocess(second, cache_dir, budgets, workers=1, progress=False)
+    assert len(list((cache_dir / "index").glob("*.json"))) == 2
+    assert sorted(DatasetIndex(MediaCache(cache_dir), second).rows) == ["image-audio"]
+    assert sorted(DatasetIndex(MediaCache(cache_dir), dataset).rows) == ["image-audio", "two-videos"]
 
 
 def test_video_with_corrupt_bytes_in_the_middle_never_crashes(tmp_path):

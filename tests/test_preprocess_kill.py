@@ -78,7 +78,7 @@ def test_sigkill_then_rerun_gives_a_verified_complete_cache(tmp_path, seed):
     assert main(["preprocess", str(data), "--cache", str(cache_dir), "--workers", "2"]) == 0
     assert main(["cache", "verify", str(cache_dir)]) == 0
     budgets = Budgets(VideoBudget(patch_size=14), ImageBudget(patch_size=14))
-    keys = referenced_keys(data, budgets)
+    keys = referenced_keys(data, budgets, cache)
     assert len(keys) == 40 and keys <= set(cache.entry_keys())
     assert not list(cache_dir.rglob("*.tmp"))
     failures = (cache_dir / "failures.jsonl").read_text().splitlines()

@@ -21,6 +21,10 @@ def test_bench_cache_small_run(tmp_path):
         "240",
         "--repeats",
         "1",
+        "--steps",
+        "3",
+        "--quickstart-videos",
+        "4",
     ]
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "bench_cache.py"), *args],
@@ -32,8 +36,9 @@ def test_bench_cache_small_run(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert any(line.startswith("preprocess, 2 workers:") for line in lines)
-    assert lines[-1].startswith("ratio raw/cache: ")
-    assert float(lines[-1].split()[2]) > 1.0  # the cache is faster than decoding, even for tiny clips
+    assert any(line.startswith("sample ratio raw/cache:") for line in lines)
+    assert lines[-1].startswith("cache speedup raw/cache = ")
+    assert float(lines[-1].split()[-1]) > 1.0  # the cache is faster than decoding, even for tiny clips
 
 
 def test_bench_rewards_small_run():
@@ -46,3 +51,39 @@ def test_bench_rewards_small_run():
     assert lines[-2].startswith("math scores/s: ")
     assert lines[-1].startswith("non-math scores/s on one core: ")
     assert float(lines[-1].split()[-4]) > 0 and float(lines[-2].split()[2]) > 0
+
+
+def test_bench_memory_small_run(tmp_path, tiny_checkpoint):
+    """Both ways on a tiny model and a short clip: each configuration in its own process,
+    the phase table, and the ratio last."""
+    args = ["--model", str(tiny_checkpoint("qwen2_5_vl")), "--frames", "4", "--size", "56"]
+    args += ["--new-tokens", "4", "--threads", "1", "--runs", "peer:2,omni:2"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_memory.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    for config in ("peer G=2", "omni G=2"):
+        assert any(line.startswith(config) and "gradient" in line for line in lines)
+        assert any(line.startswith(config) and "tokens/s" in line for line in lines)
+    assert lines[-1].startswith("memory peer/omni = ")
+
+
+def test_bench_vs_trl_small_run():
+    """One warm-up and one measured step per side, alternating, and one video pass."""
+    args = ["--steps", "1", "--warmup", "1", "--video-reps", "1", "--width", "64"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_vs_trl.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert any(line.startswith("video shared vs naive forward+backward: naive/shared = ") for line in lines)
+    assert lines[-1].startswith("ratio trl/omni = ")

@@ -46,6 +46,86 @@ def test_decord_and_pyav_decode_identical_frames(tmp_path):
     assert a.timestamps[-1] == pytest.approx(29 / 15)
 
 
+class LiveArrays:
+    """Counts the frame arrays a PyAV container's decoded frames hand out that are
+    still alive, and the most alive at once (``av.open`` replaced by ``open``)."""
+
+    def __init__(self, real_open):
+        self.real_open, self.live, self.peak = real_open, 0, 0
+
+    def _track(self, array):
+        import weakref
+
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(array, self._release)
+        return array
+
+    def _release(self):
+        self.live -= 1
+
+    def open(self, *args, **kwargs):
+        counter, container = self, self.real_open(*args, **kwargs)
+
+        class Frame:
+            def __init__(self, frame):
+                self.frame = frame
+
+            def to_ndarray(self, **kw):
+                return counter._track(self.frame.to_ndarray(**kw))
+
+        class Container:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                container.close()
+
+            def __getattr__(self, name):
+                return getattr(container, name)
+
+            def decode(self, stream):
+                return (Frame(f) for f in container.decode(stream))
+
+        return Container()
+
+
+def test_pyav_decodes_only_the_sampled_frames(tmp_path, monkeypatch):
+    import av
+
+    path = write_video(tmp_path / "long.mp4", moving_square("right", 10.0, 30, 160, 120), 30)
+    budget = VideoBudget()
+    # the reference: every frame decoded into memory, then sampled (the decoder before streaming)
+    with av.open(str(path)) as container:
+        every = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+    indices = sample_indices(len(every), 30.0, budget)
+    arrays = LiveArrays(av.open)
+    monkeypatch.setattr(av, "open", arrays.open)
+    frames, fps, total, got = video_mod._decode_pyav(path, budget)
+    assert fps == 30.0 and total == len(every) == 300 and got == indices
+    assert arrays.peak == len(frames) == len(indices) == 20  # never more frames held than kept
+    np.testing.assert_array_equal(frames, np.stack([every[i] for i in indices]))
+    decord_frames, _, _, decord_indices = video_mod._decode_decord(path, budget)
+    assert got == decord_indices
+    np.testing.assert_array_equal(frames, decord_frames)
+
+
+def test_keep_frames_converts_only_the_frames_it_keeps():
+    converted = []
+
+    class Frame:
+        def __init__(self, i):
+            self.i = i
+
+        def to_ndarray(self, format):
+            converted.append(self.i)
+            return np.full((2, 2, 3), self.i, np.uint8)
+
+    kept, count = video_mod.keep_frames((Frame(i) for i in range(50)), [0, 7, 7, 49])
+    assert count == 50 and converted == [0, 7, 49]
+    assert [int(k[0, 0, 0]) for k in kept] == [0, 7, 7, 49]
+
+
 def test_pyav_is_the_fallback_when_decord_fails(tmp_path, monkeypatch):
     path = write_video(tmp_path / "clip.mp4", moving_square("up", 1.0, 10, 64, 64), 10)
 

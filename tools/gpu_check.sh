@@ -2,7 +2,9 @@
 # What only a GPU can show, in one command: FSDP2 bf16-mixed GRPO on GPUS (default 2)
 # GPUs for 5 steps with a random-init model of Qwen2.5-VL-3B's shapes (real vocabulary
 # and widths) on synthetic video QA; prints s/step, rollout tokens/s and peak memory
-# per GPU. Needs CUDA and the project's environment (make setup). CI never runs it.
+# per GPU; then one GRPO update of the full 3B-shaped model on a 64-frame video
+# (8,192 visual tokens, G = 8, 256 new tokens, gradient checkpointing), the shared
+# prompt against a copy per completion: seconds, tokens/s and peak memory. Needs CUDA and the project's environment (make setup). CI never runs it.
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +33,6 @@ print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statist
       f"update {statistics.median(r['time/update'] for r in steady):.2f}) rollout tokens/s={tokens:.0f} "
       f"peak memory per GPU={peak:.1f} GiB")
 PYEOF
+echo "gpu_check: one GRPO update on a 64-frame video, shared prompt (omni) against a copy per completion (peer)"
+"$PY" tools/bench_memory.py --device cuda --model "$WORK/model" --frames 64 --size 448 --new-tokens 256 \
+  --checkpointing --runs omni:8,peer:8

@@ -36,7 +36,9 @@ SHAPES = {
 VOCAB = 151_936
 
 
-def config(shape: str, layers: int | None, vision_depth: int | None, tokenizer) -> transformers.Qwen2_5_VLConfig:
+def config(
+    shape: str, layers: int | None, vision_depth: int | None, tokenizer, full_attention: list[int] | None = None
+) -> transformers.Qwen2_5_VLConfig:
     spec = SHAPES[shape]
     heads, kv_heads = spec["heads"]
     text = {
@@ -64,7 +66,9 @@ def config(shape: str, layers: int | None, vision_depth: int | None, tokenizer) 
         "temporal_patch_size": 2,
         "window_size": 112,
         "out_hidden_size": spec["vision_out"],
-        "fullatt_block_indexes": [i for i in (7, 15, 23, 31) if i < depth] or [depth - 1],
+        "fullatt_block_indexes": (
+            full_attention if full_attention is not None else [i for i in (7, 15, 23, 31) if i < depth] or [depth - 1]
+        ),
     }
     ids = {
         key: tokenizer.convert_tokens_to_ids(token)
@@ -84,6 +88,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real count)")
     parser.add_argument("--vision-depth", type=int, help="vision blocks (default: 32)")
+    parser.add_argument(
+        "--full-attention-blocks",
+        help="vision blocks with full attention, comma-separated, or 'none' (default: the real 7,15,23,31 below "
+        "the depth, else the last block); the others attend within 112-pixel windows",
+    )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -91,7 +100,9 @@ def main() -> None:
     family = FAMILIES.get("qwen2_5_vl")
     tokenizer = build_tokenizer(family.tokens)
     torch.manual_seed(args.seed)
-    model = family.model_cls()(config(args.shape, args.layers, args.vision_depth, tokenizer))
+    full = args.full_attention_blocks
+    full = None if full is None else [] if full == "none" else [int(i) for i in full.split(",")]
+    model = family.model_cls()(config(args.shape, args.layers, args.vision_depth, tokenizer, full))
     model.to(getattr(torch, args.dtype))
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)

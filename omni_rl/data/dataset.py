@@ -4,9 +4,16 @@ Media come from the cache when ``cache_mode`` allows, else they are decoded from
 raw file by the same ``decode_medium`` the offline pipeline runs, so a sample built
 from the cache equals one built from the raw file, bit for bit.
 
+A row's entries are found through the cache index that preprocessing wrote (see
+``omni_rl.preprocess.index``): reading a sample stats its source files but never
+hashes an unchanged one, and needs no raw file at all once it is cached.
+
 cache_mode:
-    prefer_cache  read cached entries, decode what is missing
-    cache_only    a missing entry is an error naming the row and the file
+    prefer_cache  read cached entries; a medium the index cannot name (row not
+                  indexed, source changed: size or mtime differ) is looked up by its
+                  file's hash, and decoded when that misses too
+    cache_only    read cached entries only; raw media may be deleted. A medium the
+                  index cannot name is an error naming the row, the file and why
     no_cache      always decode the raw files
 """
 
@@ -22,6 +29,7 @@ import numpy as np
 from omni_rl.errors import OmniRLError
 from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.cache import MediaCache
+from omni_rl.preprocess.index import DatasetIndex, IndexMiss
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
 from omni_rl.preprocess.rows import Row, RowFailure, read_rows
 from omni_rl.preprocess.video import VideoClip
@@ -141,6 +149,7 @@ class MediaDataset:
         self.data = Path(data)
         self.budgets = budgets
         self.cache = MediaCache(cache) if cache is not None and cache_mode != "no_cache" else None
+        self.index = DatasetIndex(self.cache, self.data) if self.cache is not None else None
         self.cache_mode = cache_mode
         self.rows: list[Row]
         self.failures: list[RowFailure]
@@ -161,18 +170,35 @@ class MediaDataset:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _medium(self, row: Row, kind: str, path: Path) -> tuple[dict, dict]:
+    def _key(self, row: Row, position: int, kind: str, path: Path) -> str:
+        """The cache key of a row's medium: from the index, or (prefer_cache) by hashing the file."""
+        try:
+            return self.index.key(row.id, position, kind, path, self.budgets.params_digest(kind))
+        except IndexMiss as miss:
+            if self.cache_mode == "cache_only":
+                raise OmniRLError(f"{path}: {miss}") from None
+        return medium_key(kind, path, self.budgets)
+
+    def _medium(self, row: Row, position: int, kind: str, path: Path) -> tuple[dict, dict]:
         if self.cache is not None:
-            key = medium_key(kind, path, self.budgets)
+            key = self._key(row, position, kind, path)
             if self.cache.has(key):
                 self.cache_hits += 1
                 entry = self.cache.read(key)
                 return entry.tensors, entry.meta
             if self.cache_mode == "cache_only":
-                raise OmniRLError(f"{row.source}: row '{row.id}': {path} is not in the cache {self.cache.root}")
+                raise OmniRLError(f"{path}: its entry {key} is not in the cache {self.cache.root} (removed by gc?)")
             self.cache_misses += 1
         tensors, meta = decode_medium(kind, path, self.budgets)
         return {name: _as_tensor(a) for name, a in tensors.items()}, meta
+
+    def _row_media(self, row: Row) -> list[tuple[str, dict, dict]]:
+        """(kind, tensors, metadata) of every medium of a row; errors name the row."""
+        try:
+            media = row_media(row, self.data.parent, self.budgets)
+            return [(kind, *self._medium(row, i, kind, path)) for i, (kind, path) in enumerate(media)]
+        except OmniRLError as err:
+            raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
 
     def __getitem__(self, index: int) -> Sample:
         row = self.rows[index]
@@ -186,8 +212,7 @@ class MediaDataset:
             fields=row.fields,
         )
         kinds = []
-        for kind, path in row_media(row, self.data.parent, self.budgets):
-            tensors, meta = self._medium(row, kind, path)
+        for kind, tensors, meta in self._row_media(row):
             if kind == "video":
                 sample.videos.append(_clip_from_entry(tensors, meta))
             elif kind == "image":

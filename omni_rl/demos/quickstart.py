@@ -82,7 +82,7 @@ def main(cfg: QuickstartConfig) -> dict:
     heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
     sft_rows = _split(train, d.sft_fraction, train.parent / "sft.jsonl")
     budgets = Budgets.from_config(cfg.media)
-    for data in (train, heldout):
+    for data in (train, sft_rows, heldout):  # each split gets its cache index (sft's media are train's)
         preprocess(data, out / "cache", budgets, workers=1, progress=False)
     heldout_set = MediaDataset(heldout, budgets, out / "cache", "prefer_cache", prompt_template=d.prompt_template)
 

@@ -28,14 +28,13 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from omni_rl.models.shared_prefix import PrefixStore, ReadPrefix, RecordPrefix
 
 # Tensors whose second dimension runs over the prompt's tokens.
 TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 # fp32 logits of one chunk of completion tokens stay under this many bytes.
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 128 * 2**20
 
 Entropy = Literal["off", "metric", "grad"]
 
@@ -103,17 +102,73 @@ def head_replaced(model: torch.nn.Module, forward: Callable[[torch.Tensor], torc
         del head.forward
 
 
-def _chunk_outputs(hidden, weight, bias, ids, temperature: float, with_entropy: bool) -> torch.Tensor:
-    """[M, 1 or 2]: log p(ids) (and the entropy) of M positions' hidden states [M, H]."""
-    logits = F.linear(hidden, weight, bias).float()
-    if temperature != 1.0:
-        logits = logits / temperature
+def _chunk_outputs(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool) -> torch.Tensor:
+    """[M, 1 or 2]: log p(ids) (and the entropy) from fp32 logits [M, V]."""
     log_z = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, ids[:, None]).squeeze(-1) - log_z
     if not with_entropy:
         return logp[:, None]
     entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return torch.stack([logp, entropy], dim=-1)
+
+
+def _logits(hidden, weight, bias, compute: torch.dtype, temperature: float) -> torch.Tensor:
+    """fp32 logits [M, V] of hidden states [M, H], the matmul in ``compute`` dtype."""
+    logits = F.linear(hidden.to(compute), weight, None if bias is None else bias.to(compute)).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """Log-probs (and entropies) of M positions under the vocabulary projection, a chunk
+    of positions at a time. Backward recomputes each chunk's logits and writes its
+    gradients analytically: the hidden states' into one [M, H] tensor, the weight's
+    into one [V, H] buffer in place, so no [M, V] tensor outlives its chunk and no
+    per-chunk weight gradient is allocated.
+
+    d log p(y) / d logit = onehot(y) - p;  d entropy / d logit = -p * (logit - E_p[logit]).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature: float, with_entropy: bool, per_chunk: int):
+        device = hidden.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        ctx.save_for_backward(hidden, weight, bias, ids)
+        ctx.compute, ctx.temperature, ctx.per_chunk = compute, temperature, per_chunk
+        w = weight.to(compute)
+        parts = [
+            _chunk_outputs(
+                _logits(hidden[s : s + per_chunk], w, bias, compute, temperature), ids[s : s + per_chunk], with_entropy
+            )
+            for s in range(0, hidden.shape[0], per_chunk)
+        ]
+        width = 2 if with_entropy else 1
+        return torch.cat(parts) if parts else hidden.new_zeros(0, width, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, ids = ctx.saved_tensors
+        compute, temperature, per_chunk = ctx.compute, ctx.temperature, ctx.per_chunk
+        w = weight.to(compute)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
+        for s in range(0, hidden.shape[0], per_chunk):
+            h, g = hidden[s : s + per_chunk], grad_out[s : s + per_chunk].float()
+            logits = _logits(h, w, bias, compute, temperature)
+            p = torch.softmax(logits, dim=-1)
+            grad = -p * g[:, :1]
+            grad.scatter_add_(-1, ids[s : s + per_chunk, None], g[:, :1])
+            if g.shape[1] == 2:
+                expected = (p * logits).sum(-1, keepdim=True)
+                grad -= g[:, 1:] * p * (logits - expected)
+            grad /= temperature
+            if grad_hidden is not None:
+                grad_hidden[s : s + per_chunk] = (grad.to(compute) @ w).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t().to(weight.dtype), h.to(weight.dtype))
+            if grad_bias is not None:
+                grad_bias += grad.sum(0).to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def completion_logprobs(
@@ -129,22 +184,15 @@ def completion_logprobs(
     Args:
         hidden: [N, L, H] final hidden states; ids, mask: [N, L].
     Returns:
-        [N, L, 1] (or [N, L, 2] with entropy), zero where ``mask`` is 0. Under autograd
-        each chunk's logits are recomputed in backward rather than kept.
+        [N, L, 1] (or [N, L, 2] with entropy), zero where ``mask`` is 0. Each chunk's
+        logits are recomputed in backward rather than kept.
     """
     keep = mask.bool()
-    flat, targets = hidden[keep], ids[keep]
-    width = 1 if entropy == "off" else 2
     per_chunk = max(1, CHUNK_BYTES // (4 * head.weight.shape[0]))
-    parts = []
-    for start in range(0, flat.shape[0], per_chunk):
-        args = (flat[start : start + per_chunk], head.weight, head.bias, targets[start : start + per_chunk])
-        if torch.is_grad_enabled():
-            part = checkpoint(_chunk_outputs, *args, temperature, width == 2, use_reentrant=False)
-        else:
-            part = _chunk_outputs(*args, temperature, width == 2)
-        parts.append(part)
-    values = torch.cat(parts) if parts else hidden.new_zeros(0, width, dtype=torch.float32)
+    values = _ChunkedHead.apply(
+        hidden[keep], head.weight, head.bias, ids[keep], temperature, entropy != "off", per_chunk
+    )
+    width = values.shape[-1]
     if entropy == "metric":
         values = torch.cat([values[:, :1], values[:, 1:].detach()], dim=-1)
     out = values.new_zeros(*ids.shape, width)
