@@ -23,6 +23,8 @@ def test_bench_cache_small_run(tmp_path):
         "1",
         "--steps",
         "3",
+        "--train-steps",
+        "1",
         "--quickstart-videos",
         "4",
     ]

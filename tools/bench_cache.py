@@ -1,7 +1,7 @@
 """Benchmark the media cache against decoding raw files, side by side in one run.
 
     python tools/bench_cache.py [--videos 48 --seconds 10 --fps 30 --width 640 --height 480]
-                                [--steps 40 --quickstart-videos 200]
+                                [--steps 40 --train-steps 8 --quickstart-videos 200]
 
 Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel frame budget:
   1. preprocessing throughput (videos/s) with 1 and 2 workers, each into a fresh cache;
@@ -12,16 +12,20 @@ Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel fram
 Then, on the quickstart's own data (its training split and media settings, its tiny
 model's processor), the median time to draw and encode one GRPO step's prompts as the
 recipe does (``dataset[i]`` then ``encode_sample`` for each drawn row) with
-``cache_mode`` prefer_cache on a preprocessed cache vs no_cache; the last line is
+``cache_mode`` prefer_cache on a preprocessed cache vs no_cache; and the median time
+of whole GRPO steps (rollout, reward, update) of the quickstart's GRPO phase on its
+tiny model, both ways. The last line is the whole step's ratio,
 ``cache speedup raw/cache = X``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +33,7 @@ import torch
 
 from omni_rl.data.dataset import MediaDataset, encode_sample
 from omni_rl.data.sampler import PromptSampler
-from omni_rl.demos.quickstart import _write_split
+from omni_rl.demos.quickstart import _filled, _write_split
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.models import build_tiny, load
 from omni_rl.preprocess.cache import MediaCache
@@ -38,6 +42,7 @@ from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.scenes import random_scene, render
 from omni_rl.preprocess.synthetic import write_video
 from omni_rl.preprocess.video import VideoBudget
+from omni_rl.recipes import grpo
 from omni_rl.runtime import set_threads
 
 
@@ -150,7 +155,26 @@ def quickstart_steps(
         "cache": step_seconds(cached_set, processor, steps, per_step, seed),
     }
     assert cached_set.cache_misses == 0, "the quickstart's cache should hold every drawn row"
-    return times
+    return times, train
+
+
+def quickstart_train_seconds(cfg: QuickstartConfig, out: Path, train: Path, steps: int) -> dict[str, float]:
+    """Median seconds per whole GRPO step (rollout, reward, update) of the quickstart's
+    GRPO phase on its tiny model, reading raw files (``no_cache``) and the cache
+    (``prefer_cache``); the first step (warm-up) is left out."""
+    cfg = replace(cfg, run=replace(cfg.run, output_dir=str(out)))
+    seconds = {}
+    for mode in ("no_cache", "prefer_cache"):
+        run = _filled(cfg, cfg.grpo, out / f"grpo_{mode}", train)
+        run = replace(
+            run,
+            data=replace(run.data, cache_mode=mode),
+            trainer=replace(run.trainer, steps=steps + 1, save_every=0, log_every=1),
+        )
+        grpo.train(run)
+        rows = [json.loads(line) for line in (out / f"grpo_{mode}" / "metrics.jsonl").read_text().splitlines()]
+        seconds[mode] = statistics.median(r["time/step"] for r in rows[1:])
+    return seconds
 
 
 def main() -> None:
@@ -164,6 +188,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps of quickstart data timed per mode")
+    parser.add_argument("--train-steps", type=int, default=8, help="whole GRPO steps timed per mode")
     parser.add_argument("--quickstart-videos", type=int, default=None, help="scenes (default: the quickstart's 200)")
     args = parser.parse_args()
     set_threads(args.threads)
@@ -197,7 +222,8 @@ def main() -> None:
     print(f"sample ratio raw/cache:    {raw / cached:8.2f}")
 
     quickstart = QuickstartConfig()
-    steps = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_videos)
+    steps, train = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_videos)
+    whole = quickstart_train_seconds(quickstart, args.out / "quickstart", train, args.train_steps)
     (raw_media, raw_step), (cached_media, cached_step) = steps["raw"], steps["cache"]
     per_step = quickstart.grpo.data.prompts_per_step
     print(f"quickstart data, GRPO steps of {per_step} prompts, median of {args.steps} steps:")
@@ -205,7 +231,10 @@ def main() -> None:
     print(f"step media from cache:     {cached_media:8.4f} s (prefer_cache)")
     print(f"step from raw files:       {raw_step:8.4f} s (media + processor)")
     print(f"step from cache:           {cached_step:8.4f} s (media + processor)")
-    print(f"cache speedup raw/cache = {raw_step / cached_step:.2f}")
+    print(f"data speedup raw/cache:    {raw_step / cached_step:8.2f}")
+    print(f"whole GRPO step, raw:      {whole['no_cache']:8.4f} s (median of {args.train_steps} steps)")
+    print(f"whole GRPO step, cache:    {whole['prefer_cache']:8.4f} s")
+    print(f"cache speedup raw/cache = {whole['no_cache'] / whole['prefer_cache']:.2f}")
 
 
 if __name__ == "__main__":

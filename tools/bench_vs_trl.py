@@ -254,7 +254,9 @@ def reward(completions, problem_type, answer, options, **_) -> list[float]:
     ]
 
 
-def trl_trainer(model_dir: Path, rows: list[dict], root: Path, out: Path, steps: int, seed: int, baton: Baton):
+def trl_trainer(
+    model_dir: Path, rows: list[dict], root: Path, out: Path, steps: int, seed: int, baton: Baton, threads: int
+):
     """TRL's GRPOTrainer on the same model and rows, its methods wrapped with timers and
     a callback that takes turns with omni_rl. Returns (trainer, timings)."""
     import datasets
@@ -315,7 +317,7 @@ def trl_trainer(model_dir: Path, rows: list[dict], root: Path, out: Path, steps:
     )
     trainer.remove_callback(PrinterCallback)
     times: dict[str, list[float]] = {k: [] for k in ("step", "rollout", "reward", "prep", "update", "length", "score")}
-    threads: list[int] = []
+    wanted, threads = threads, []
     marks = {"start": 0.0, "scored": 0.0}
 
     def timed(name: str, method):
@@ -346,6 +348,7 @@ def trl_trainer(model_dir: Path, rows: list[dict], root: Path, out: Path, steps:
 
     class Turns(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
+            torch.set_num_threads(wanted)  # the trainer's set-up can change this thread's count
             baton.give("omni")
             marks["start"] = baton.wait("trl")
 
@@ -488,7 +491,9 @@ def main() -> None:
             target=omni_side, args=(config, total, baton, omni_seconds, omni_threads, errors), daemon=True
         )
         worker.start()
-        trainer, trl, trl_threads = trl_trainer(model_dir, rows, root / "data", root / "trl", total, args.seed, baton)
+        trainer, trl, trl_threads = trl_trainer(
+            model_dir, rows, root / "data", root / "trl", total, args.seed, baton, args.threads
+        )
         try:
             trainer.train()
         except Stop:
