@@ -39,8 +39,10 @@ def test_bench_cache_small_run(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert any(line.startswith("preprocess, 2 workers:") for line in lines)
     assert any(line.startswith("sample ratio raw/cache:") for line in lines)
-    assert lines[-1].startswith("cache speedup raw/cache = ")
-    assert float(lines[-1].split()[-1]) > 1.0  # the cache is faster than decoding, even for tiny clips
+    (data,) = [line for line in lines if line.startswith("data speedup raw/cache:")]
+    assert float(data.split()[-1]) > 1.0  # a step's inputs: the cache beats decoding, even for tiny clips
+    # the whole step (one timed step here: model time dominates, so only its presence is checked)
+    assert lines[-1].startswith("cache speedup raw/cache = ") and float(lines[-1].split()[-1]) > 0
 
 
 def test_bench_rewards_small_run():
