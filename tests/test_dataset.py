@@ -163,6 +163,7 @@ def test_a_changed_source_file_is_redecoded_and_unchanged_ones_are_not_hashed(da
     samples = [ds[i] for i in range(len(ds))]
     assert sorted(hashed) == ["a.mp4", "a.mp4"]  # rows 'video' and 'all'; b.mp4, i.png, t.wav only stat'ed
     assert (ds.cache_hits, ds.cache_misses) == (5, 2)
+    assert ds.cache_metrics()["data/index_misses"] == 2  # the changed file, counted and logged once
     clip = samples[0].videos[0]
     red_x = np.nonzero(clip.frames[:, 0] > 128)
     first = red_x[2][red_x[0] == 0].mean()

@@ -77,6 +77,8 @@ def test_grpo_runs_logs_and_checkpoints(tmp_path, shapes):
         "response/clipped_fraction",
         "skipped/groups_filtered",
         "throughput/rollout_tokens_per_s",
+        "data/cache_hits",
+        "data/index_misses",
     ):
         assert key in rows[-1], key
     assert any(k.startswith("accuracy/source/") for k in rows[-1])

@@ -7,6 +7,15 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 
+def run_tool(name: str, args: list[str], cwd: Path = ROOT, timeout: int = 600) -> list[str]:
+    """Run tools/NAME with ARGS; its stdout lines (it must exit 0)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / name), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()
+
+
 def test_bench_cache_small_run(tmp_path):
     args = [
         "--out",
@@ -28,15 +37,7 @@ def test_bench_cache_small_run(tmp_path):
         "--quickstart-videos",
         "4",
     ]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_cache.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+    lines = run_tool("bench_cache.py", args, cwd=tmp_path)
     assert any(line.startswith("preprocess, 2 workers:") for line in lines)
     assert any(line.startswith("sample ratio raw/cache:") for line in lines)
     (data,) = [line for line in lines if line.startswith("data speedup raw/cache:")]
@@ -46,12 +47,7 @@ def test_bench_cache_small_run(tmp_path):
 
 
 def test_bench_rewards_small_run():
-    tool = ROOT / "tools" / "bench_rewards.py"
-    result = subprocess.run(
-        [sys.executable, str(tool), "--responses", "500", "--math", "40"], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+    lines = run_tool("bench_rewards.py", ["--responses", "500", "--math", "40"])
     assert lines[-2].startswith("math scores/s: ")
     assert lines[-1].startswith("non-math scores/s on one core: ")
     assert float(lines[-1].split()[-4]) > 0 and float(lines[-2].split()[2]) > 0
@@ -62,15 +58,7 @@ def test_bench_memory_small_run(tmp_path, tiny_checkpoint):
     the phase table, and the ratio last."""
     args = ["--model", str(tiny_checkpoint("qwen2_5_vl")), "--frames", "4", "--size", "56"]
     args += ["--new-tokens", "4", "--threads", "1", "--runs", "peer:2,omni:2"]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_memory.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+    lines = run_tool("bench_memory.py", args)
     for config in ("peer G=2", "omni G=2"):
         assert any(line.startswith(config) and "gradient" in line for line in lines)
         assert any(line.startswith(config) and "tokens/s" in line for line in lines)
@@ -80,14 +68,6 @@ def test_bench_memory_small_run(tmp_path, tiny_checkpoint):
 def test_bench_vs_trl_small_run():
     """One warm-up and one measured step per side, alternating, and one video pass."""
     args = ["--steps", "1", "--warmup", "1", "--video-reps", "1", "--width", "64"]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_vs_trl.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+    lines = run_tool("bench_vs_trl.py", args, timeout=900)
     assert any(line.startswith("video shared vs naive forward+backward: naive/shared = ") for line in lines)
     assert lines[-1].startswith("ratio trl/omni = ")

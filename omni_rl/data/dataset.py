@@ -19,6 +19,7 @@ cache_mode:
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_
 from omni_rl.preprocess.rows import Row, RowFailure, read_rows
 from omni_rl.preprocess.video import VideoClip
 from omni_rl.rewards import check_targets
+
+log = logging.getLogger(__name__)
 
 CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
 CACHE_MODES = ("prefer_cache", "cache_only", "no_cache")
@@ -166,6 +169,7 @@ class MediaDataset:
             render_prompt(prompt_template, row)  # a template naming a missing field fails here
         self.cache_hits = 0
         self.cache_misses = 0
+        self.index_misses = 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -177,7 +181,21 @@ class MediaDataset:
         except IndexMiss as miss:
             if self.cache_mode == "cache_only":
                 raise OmniRLError(f"{path}: {miss}") from None
+            if not self.index_misses:
+                log.warning(
+                    "%s: %s; hashing the file to find its entry (slow; counted in data/index_misses)", path, miss
+                )
+            self.index_misses += 1
         return medium_key(kind, path, self.budgets)
+
+    def cache_metrics(self) -> dict[str, int]:
+        """Reads so far: from the cache, decoded from raw files, and found by hashing the
+        source because the index could not name the entry."""
+        return {
+            "data/cache_hits": self.cache_hits,
+            "data/cache_misses": self.cache_misses,
+            "data/index_misses": self.index_misses,
+        }
 
     def _medium(self, row: Row, position: int, kind: str, path: Path) -> tuple[dict, dict]:
         if self.cache is not None:

@@ -98,6 +98,12 @@ def gather_objects(items: list) -> list:
     return [item for part in out for item in part]
 
 
+def sum_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Integer counters summed over ranks (every rank has the same keys)."""
+    keys = sorted(counts)
+    return {k: int(v) for k, v in zip(keys, all_sum([float(counts[k]) for k in keys]), strict=True)}
+
+
 def mean_metrics(row: dict) -> dict:
     """Numeric metrics averaged over ranks (keys missing on a rank count only where
     present); non-numeric values are rank 0's."""

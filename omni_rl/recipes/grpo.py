@@ -289,6 +289,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **_rollout_metrics(rollouts),
             **engine.metrics(),
             "scorer_errors": sum("error" in r.details for r, _, _ in everything),
+            **distributed.sum_counts(dataset.cache_metrics()),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
         log.log(row, force=step + 1 == cfg.trainer.steps)
