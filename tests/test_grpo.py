@@ -55,7 +55,8 @@ def tiny_config(tmp_path: Path, data: Path, **sections) -> Path:
 
 
 def test_grpo_runs_logs_and_checkpoints(tmp_path, shapes):
-    cfg = load_config(tiny_config(tmp_path, shapes, algorithm={"kl_coef": 0.05, "epochs": 2, "mini_batch_prompts": 1}))
+    algorithm = {"kl_coef": 0.05, "epochs": 2, "mini_batch_prompts": 1, "rollout_correction": "tis"}
+    cfg = load_config(tiny_config(tmp_path, shapes, algorithm=algorithm))
     final = grpo.train(cfg)
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -79,8 +80,12 @@ def test_grpo_runs_logs_and_checkpoints(tmp_path, shapes):
         "throughput/rollout_tokens_per_s",
         "data/cache_hits",
         "data/index_misses",
+        "time/weight_sync",
+        "rollout/kl_k3",
     ):
         assert key in rows[-1], key
+    # the hf engine samples with the trainer's own weights: no mismatch, nothing capped
+    assert all(r["rollout/logp_abs_diff"] < 1e-4 and r["rollout/tis_capped_fraction"] == 0 for r in rows)
     assert any(k.startswith("accuracy/source/") for k in rows[-1])
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
     checkpoint = run / "checkpoints" / "step-00000003"
@@ -146,7 +151,9 @@ def test_nan_losses_skip_optimizer_steps_and_three_in_a_row_stop_the_run(tmp_pat
 
 def test_prompts_longer_than_the_limit_are_skipped_and_counted(tmp_path, shapes):
     cfg = load_config(tiny_config(tmp_path, shapes, rollout={"max_prompt_length": 1}, trainer={"steps": 1}))
-    with pytest.raises(OmniRLError, match=r"nearly every prompt exceeds rollout\.max_prompt_length=1"):
+    with pytest.raises(
+        OmniRLError, match=r"nearly every prompt exceeds .* limit of 1 tokens \(rollout\.max_prompt_length=1\)"
+    ):
         grpo.train(cfg)
 
 

@@ -84,6 +84,7 @@ def clipped_policy_loss(
     aggregation: Aggregation = "token-mean",
     norm_length: int | None = None,
     denominator: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO's clipped surrogate with separate low/high clips (DAPO's clip-higher) and
     optional dual clip for negative advantages.
@@ -92,6 +93,8 @@ def clipped_policy_loss(
         logp, old_logp, mask: [N, L]; advantages: [N] (one per sequence).
         dual_clip: c > 1 bounds the loss of a negative-advantage token by -c * A.
         denominator: see ``aggregate``.
+        weights: [N, L] constants each token's loss is multiplied by (a rollout
+            correction's importance weights), or None.
     Returns:
         (loss [], stats).
     """
@@ -107,6 +110,8 @@ def clipped_policy_loss(
         bound = -adv * dual_clip
         dual = (adv < 0) & (per_token > bound)
         per_token = torch.where(adv < 0, torch.minimum(per_token, bound), per_token)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate(per_token, mask, aggregation, norm_length, denominator)
     m = mask.bool()
     with torch.no_grad():
@@ -127,6 +132,7 @@ def gspo_policy_loss(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     denominator: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios,
     s = exp(mean_t(logp - old_logp)), clipped, averaged over sequences.
@@ -134,6 +140,7 @@ def gspo_policy_loss(
     Args:
         logp, old_logp, mask: [N, L]; advantages: [N].
         denominator: the whole batch's sequence count when these N are a part of it.
+        weights: [N] constants each sequence's loss is multiplied by, or None.
     """
     maskf = mask.to(logp.dtype)
     log_ratio = ((logp - old_logp) * maskf).sum(-1) / maskf.sum(-1).clamp(min=1)
@@ -141,7 +148,10 @@ def gspo_policy_loss(
     adv = advantages.to(ratio.dtype)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
-    loss = torch.maximum(unclipped, clipped).sum() / (denominator or ratio.shape[0])
+    per_seq = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_seq = per_seq * weights.detach()
+    loss = per_seq.sum() / (denominator or ratio.shape[0])
     with torch.no_grad():
         stats = PolicyLossStats(
             clip_fraction=float((clipped > unclipped).float().mean()),

@@ -33,6 +33,12 @@ class PromptSampler:
                 self.epoch, self.position = self.epoch + 1, 0
         return out
 
+    @property
+    def drawn(self) -> int:
+        """Indices drawn so far over the whole run (restored with the state): a counter
+        that numbers every draw, for per-prompt sampling seeds."""
+        return self.epoch * self.size + self.position
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "size": self.size, "seed": self.seed}
 

@@ -21,6 +21,7 @@ RoPE offsets of the prefill), so log-probs here match the sampler's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,10 +43,48 @@ Entropy = Literal["off", "metric", "grad"]
 @dataclass
 class GroupOutput:
     """logp, entropy: [N, L] over completion tokens (entropy None when ``off``; zero at
-    masked positions)."""
+    masked positions). log_kept: [N, L] (None without a ``SamplingFilter``), detached."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None
+    log_kept: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class SamplingFilter:
+    """What a rollout engine's sampling distribution removes beyond temperature: banned
+    token ids, then top-k, then top-p (transformers' and vLLM's order and rules)."""
+
+    banned: tuple[int, ...] = ()
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def trivial(self) -> bool:
+        return not self.banned and self.top_k <= 0 and self.top_p >= 1.0
+
+
+def log_kept_mass(logits: torch.Tensor, spec: SamplingFilter) -> torch.Tensor:
+    """log of the probability mass that ``spec`` keeps, under softmax(logits): the
+    sampled distribution's log-prob of a kept token is the full one minus this.
+    logits: [M, V] fp32, temperature applied -> [M].
+
+    top-k keeps every logit >= the k-th largest (ties kept); top-p removes, in
+    ascending order, the tokens whose cumulative probability stays <= 1 - top_p,
+    always keeping the most likely one.
+    """
+    kept = logits.clone()
+    if spec.banned:
+        kept[:, list(spec.banned)] = -math.inf
+    if spec.top_k > 0:
+        kth = torch.topk(kept, min(spec.top_k, kept.shape[-1]), dim=-1).values[:, -1:]
+        kept = kept.masked_fill(kept < kth, -math.inf)
+    if spec.top_p < 1.0:
+        ordered, order = torch.sort(kept, dim=-1)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - spec.top_p
+        drop[:, -1] = False
+        kept = kept.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+    return torch.logsumexp(kept, dim=-1) - torch.logsumexp(logits, dim=-1)
 
 
 @dataclass
@@ -102,14 +141,18 @@ def head_replaced(model: torch.nn.Module, forward: Callable[[torch.Tensor], torc
         del head.forward
 
 
-def _chunk_outputs(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool) -> torch.Tensor:
-    """[M, 1 or 2]: log p(ids) (and the entropy) from fp32 logits [M, V]."""
+def _chunk_outputs(
+    logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool, kept: SamplingFilter | None
+) -> torch.Tensor:
+    """[M, 1 to 3]: log p(ids), then the entropy and the kept mass (``log_kept_mass``)
+    where asked, from fp32 logits [M, V]."""
     log_z = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, ids[:, None]).squeeze(-1) - log_z
-    if not with_entropy:
-        return logp[:, None]
-    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return torch.stack([logp, entropy], dim=-1)
+    columns = [logits.gather(-1, ids[:, None]).squeeze(-1) - log_z]
+    if with_entropy:
+        columns.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+    if kept is not None:
+        columns.append(log_kept_mass(logits, kept))
+    return torch.stack(columns, dim=-1)
 
 
 def _logits(hidden, weight, bias, compute: torch.dtype, temperature: float) -> torch.Tensor:
@@ -126,22 +169,26 @@ class _ChunkedHead(torch.autograd.Function):
     per-chunk weight gradient is allocated.
 
     d log p(y) / d logit = onehot(y) - p;  d entropy / d logit = -p * (logit - E_p[logit]).
+    The kept-mass column, when asked for, is a diagnostic and gets no gradient.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, temperature: float, with_entropy: bool, per_chunk: int):
+    def forward(ctx, hidden, weight, bias, ids, temperature, with_entropy, kept, per_chunk):
         device = hidden.device.type
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         ctx.save_for_backward(hidden, weight, bias, ids)
-        ctx.compute, ctx.temperature, ctx.per_chunk = compute, temperature, per_chunk
+        ctx.compute, ctx.temperature, ctx.per_chunk, ctx.with_entropy = compute, temperature, per_chunk, with_entropy
         w = weight.to(compute)
         parts = [
             _chunk_outputs(
-                _logits(hidden[s : s + per_chunk], w, bias, compute, temperature), ids[s : s + per_chunk], with_entropy
+                _logits(hidden[s : s + per_chunk], w, bias, compute, temperature),
+                ids[s : s + per_chunk],
+                with_entropy,
+                kept,
             )
             for s in range(0, hidden.shape[0], per_chunk)
         ]
-        width = 2 if with_entropy else 1
+        width = 1 + with_entropy + (kept is not None)
         return torch.cat(parts) if parts else hidden.new_zeros(0, width, dtype=torch.float32)
 
     @staticmethod
@@ -158,9 +205,9 @@ class _ChunkedHead(torch.autograd.Function):
             p = torch.softmax(logits, dim=-1)
             grad = -p * g[:, :1]
             grad.scatter_add_(-1, ids[s : s + per_chunk, None], g[:, :1])
-            if g.shape[1] == 2:
+            if ctx.with_entropy:
                 expected = (p * logits).sum(-1, keepdim=True)
-                grad -= g[:, 1:] * p * (logits - expected)
+                grad -= g[:, 1:2] * p * (logits - expected)
             grad /= temperature
             if grad_hidden is not None:
                 grad_hidden[s : s + per_chunk] = (grad.to(compute) @ w).to(hidden.dtype)
@@ -168,7 +215,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_weight.addmm_(grad.t().to(weight.dtype), h.to(weight.dtype))
             if grad_bias is not None:
                 grad_bias += grad.sum(0).to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def completion_logprobs(
@@ -178,23 +225,27 @@ def completion_logprobs(
     mask: torch.Tensor,
     temperature: float = 1.0,
     entropy: Entropy = "off",
+    kept: SamplingFilter | None = None,
 ) -> torch.Tensor:
-    """Per-token log-probs (and entropies) at the masked-in positions, chunk by chunk.
+    """Per-token log-probs (then entropies, then kept masses) at the masked-in
+    positions, chunk by chunk.
 
     Args:
         hidden: [N, L, H] final hidden states; ids, mask: [N, L].
+        kept: also compute ``log_kept_mass`` under this filter (detached).
     Returns:
-        [N, L, 1] (or [N, L, 2] with entropy), zero where ``mask`` is 0. Each chunk's
-        logits are recomputed in backward rather than kept.
+        [N, L, 1 to 3], zero where ``mask`` is 0. Each chunk's logits are recomputed in
+        backward rather than kept.
     """
     keep = mask.bool()
     per_chunk = max(1, CHUNK_BYTES // (4 * head.weight.shape[0]))
     values = _ChunkedHead.apply(
-        hidden[keep], head.weight, head.bias, ids[keep], temperature, entropy != "off", per_chunk
+        hidden[keep], head.weight, head.bias, ids[keep], temperature, entropy != "off", kept, per_chunk
     )
     width = values.shape[-1]
-    if entropy == "metric":
-        values = torch.cat([values[:, :1], values[:, 1:].detach()], dim=-1)
+    if entropy == "metric" or kept is not None:
+        grad_columns = 2 if entropy == "grad" else 1
+        values = torch.cat([values[:, :grad_columns], values[:, grad_columns:].detach()], dim=-1)
     out = values.new_zeros(*ids.shape, width)
     out[keep] = values
     return out
@@ -240,6 +291,7 @@ def group_forward(
     group_size: int,
     temperature: float = 1.0,
     entropy: Entropy = "off",
+    kept: SamplingFilter | None = None,
 ) -> GroupOutput:
     """Per-token log-probs of G completions for each of B prompts.
 
@@ -249,8 +301,9 @@ def group_forward(
         temperature: logits are divided by it (as in sampling).
         entropy: ``off``; ``metric`` (detached, for logging); ``grad`` (differentiable,
             for an entropy bonus).
+        kept: also return each position's ``log_kept_mass`` under this filter.
     Returns:
-        log-probs [B*G, L] (and entropies) of the completion tokens.
+        log-probs [B*G, L] (and entropies, kept masses) of the completion tokens.
     """
     n = group_size
     prefix = prefill(model, inputs)
@@ -262,7 +315,8 @@ def group_forward(
         extra["mm_token_type_ids"] = torch.zeros_like(tail)
     head = output_head(model)
     with head_replaced(
-        model, lambda hidden: completion_logprobs(hidden, head, completion_ids, completion_mask, temperature, entropy)
+        model,
+        lambda hidden: completion_logprobs(hidden, head, completion_ids, completion_mask, temperature, entropy, kept),
     ):
         out = model(
             input_ids=tail,
@@ -272,9 +326,10 @@ def group_forward(
             shared_prefix=ReadPrefix(prefix.store),
             **extra,
         ).logits
+    log_kept = out[..., -1] if kept is not None else None
     if entropy == "off":
-        return GroupOutput(out[..., 0], None)
-    return GroupOutput(out[..., 0], out[..., 1].detach() if entropy == "metric" else out[..., 1])
+        return GroupOutput(out[..., 0], None, log_kept)
+    return GroupOutput(out[..., 0], out[..., 1].detach() if entropy == "metric" else out[..., 1], log_kept)
 
 
 def full_forward(

@@ -14,6 +14,17 @@ AUDIO_SAMPLE_RATE = 16_000
 IGNORE_INDEX = -100
 
 
+def media_processor_kwargs(images: bool, videos: bool) -> dict:
+    """What the processor is told about media that ``omni_rl.preprocess`` already
+    resized (and, for videos, sampled): leave them as they are. The trainer and the vLLM
+    engine pass the same, so both see the same pixels and the same number of media
+    tokens (Qwen3-VL's video processor would otherwise sample frames again)."""
+    kwargs: dict = {"do_resize": False} if images or videos else {}
+    if videos:
+        kwargs["do_sample_frames"] = False
+    return kwargs
+
+
 def encode_prompts(
     processor,
     conversations: Sequence[list[dict]],
@@ -39,7 +50,7 @@ def encode_prompts(
     aligned to the patch grid), so the processor does not resize them again.
     """
     texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
-    kwargs: dict = {"do_resize": False} if images or videos else {}
+    kwargs = media_processor_kwargs(bool(images), bool(videos))
     if images:
         kwargs["images"] = list(images)
     if videos:

@@ -8,18 +8,28 @@ log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders i
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from omni_rl.algorithms.advantages import compute_advantages
+from omni_rl.algorithms.correction import (
+    MismatchSums,
+    log_ratio,
+    mismatch_sums,
+    sequence_keep,
+    sequence_tis_weights,
+    tis_weights,
+)
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.data.dataset import Sample, encode_sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
-from omni_rl.models.forward import Entropy, group_forward
+from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Timer,
@@ -38,6 +48,9 @@ from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout import build_engine
 from omni_rl.rollout.hf import SamplingParams, concat_rollouts, select_groups
 
+_log = logging.getLogger(__name__)
+NO_FILTER = SamplingFilter()  # an engine that samples with temperature alone
+
 # ---------------------------------------------------------------------- step helpers
 
 
@@ -53,36 +66,45 @@ class Batch:
     filler: bool = False
 
 
-def prompt_seed(seed: int, step: int, round_: int, index: int) -> int:
-    """The sampling seed of dataset row ``index`` drawn in ``round_`` of ``step``: the
-    same on whichever rank rolls it out."""
-    return ((seed * 1_000_003 + step) * 1_000_033 + round_ * 7_919 + index) % 2**31
+def prompt_seed(seed: int, drawn: int, n: int) -> int:
+    """The sampling seed of the prompt that is the run's ``drawn``-th draw (the
+    sampler's counter, saved in checkpoints): the same on whichever rank rolls it out,
+    and distinct for every draw, also for a row drawn twice in one call or after a
+    resume. Engines seed completion g of the group with seed + g (vLLM's rule for its
+    child requests), so seeds step by the group size ``n`` and no two completions of a
+    run share one (below 2**62 draws)."""
+    offset = int.from_bytes(hashlib.blake2b(f"omni_rl-seed-{seed}".encode(), digest_size=8).digest(), "little")
+    return (offset % 2**61 + drawn * n) % 2**62
 
 
-def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, salt: tuple[int, int]) -> Batch:
+def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, max_prompt: int) -> Batch:
     """This rank's ``count`` prompts, skipping (and counting) those longer than the
-    limit (their media tokens are never cut). Every rank draws the same global indices
-    from the shared sampler and takes its own slice, refilling together until every
-    rank has its count."""
+    limit ``max_prompt`` (their media tokens are never cut). Every rank draws the same
+    global indices from the shared sampler and takes its own slice, refilling together
+    until every rank has its count."""
     rank = distributed.ranks().rank
     samples, encoded, seeds = [], [], []
     while True:
         needs = distributed.all_gather_ints(count - len(samples))
         if not sum(needs):
             return Batch(samples, encoded, seeds)
+        first = sampler.drawn
         indices = sampler.next_batch(sum(needs))
         start = sum(needs[:rank])
-        for index in indices[start : start + needs[rank]]:
+        for offset, index in enumerate(indices[start : start + needs[rank]], start=first + start):
             sample = dataset[index]
             inputs = encode_sample(processor, sample)
-            if inputs["input_ids"].shape[1] > cfg.rollout.max_prompt_length:
+            if inputs["input_ids"].shape[1] > max_prompt:
                 skipped["prompt_too_long"] += 1
                 continue
             samples.append(sample)
             encoded.append(dict(inputs))
-            seeds.append(prompt_seed(cfg.run.seed, *salt, index))
+            seeds.append(prompt_seed(cfg.run.seed, offset, cfg.rollout.n))
         if skipped["prompt_too_long"] > 100 * max(count, 1):
-            raise OmniRLError(f"nearly every prompt exceeds rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
+            raise OmniRLError(
+                f"nearly every prompt exceeds the rollout engine's limit of {max_prompt} tokens "
+                f"(rollout.max_prompt_length={cfg.rollout.max_prompt_length})"
+            )
 
 
 def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
@@ -91,7 +113,7 @@ def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
     return score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
 
 
-def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, step: int, skipped: dict, timer):
+def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
     """Sample, roll out and score until this rank has its share of ``prompts_per_step``
     (with dynamic sampling: prompts whose G rewards differ, within
     ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
@@ -107,7 +129,7 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ste
             break
         rounds += 1
         with timer("rollout"):
-            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, (step, rounds))
+            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, engine.max_prompt_tokens(cfg.rollout))
             rollouts = engine.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
@@ -140,12 +162,13 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ste
     return batch, concat_rollouts(parts, pad), results, torch.cat(rewards)
 
 
-def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig):
+def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig, tis=None):
     """This micro-batch's share of its mini-batch's loss (sums divided by the whole
-    mini-batch's ``denominator`` over every rank), and its diagnostics."""
+    mini-batch's ``denominator`` over every rank), and its diagnostics; ``tis``: the
+    rollout correction's weights (per token [N, L], per sequence [N] for GSPO), or None."""
     algo = cfg.algorithm
     if algo.loss == "gspo":
-        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, algo.eps_low, algo.eps_high, denominator)
+        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, algo.eps_low, algo.eps_high, denominator, tis)
     else:
         loss, stats = clipped_policy_loss(
             out.logp,
@@ -158,6 +181,7 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
             algo.aggregation,
             cfg.rollout.max_new_tokens,
             denominator,
+            tis,
         )
     sums = {"loss/policy": loss.item()}
     means = {
@@ -181,17 +205,20 @@ def _width(mask: torch.Tensor, rows: list[int]) -> int:
     return max(1, int(mask[rows].sum(-1).max()))
 
 
-def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off"):
+def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off", kept=None):
     """Log-probs [rows, width] of the completions of the prompts in ``chunk`` through
     ``model`` (the engine's training model, or the reference), trimmed to the longest
     completion among them: each prompt and its media computed once per group, its keys
-    held once, with or without gradient checkpointing."""
+    held once, with or without gradient checkpointing. ``kept``: a ``SamplingFilter``
+    whose kept mass is returned too."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
     width = _width(mask, rows)
     inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
     device = ids.device
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    return group_forward(model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy)
+    return group_forward(
+        model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy, kept
+    )
 
 
 def _reference_logp(engine: Engine, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
@@ -246,11 +273,13 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
     if reference is not None:
         reference = engine.wrap_frozen(reference)
-    rollout = build_engine(cfg, engine.module, processor, model_dir(cfg, run.out))
+    rollout = build_engine(cfg, engine.module, processor, model_dir(cfg, run.out), run.out)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    kept = SamplingFilter(tuple(rollout.banned), cfg.rollout.top_k, cfg.rollout.top_p)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     log, bar = resume_steps(cfg, run, engine, sampler, "grpo")
-    rollout.load_weights(engine.module)  # a resumed policy differs from the checkpoint it started from
+    _log.info("rollout correction: %s (cap %g)", _correction(cfg), algo.rollout_correction_cap)
+    rollout.load_weights(engine.module)  # a resumed or LoRA policy differs from the checkpoint it started from
     row: dict = {}
     for step in bar:
         timer = Timer()
@@ -258,8 +287,9 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
         batch, rollouts, results, rewards = _collect(
-            dataset, sampler, rollout, processor, sampling, cfg, step, skipped, timer
+            dataset, sampler, rollout, processor, sampling, cfg, skipped, timer
         )
+        rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
         types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
         sources = [s.data_source for s in batch.samples for _ in range(n)] if not batch.filler else []
         # ADVANTAGE: group-relative, within each rank's own groups
@@ -276,7 +306,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
             logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
-            update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged)
+            update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
+        with timer("weight_sync"):  # wakes a sleeping engine with the new weights
             rollout.load_weights(engine.module)
         # LOG: every rank's rewards and diagnostics
         everything = distributed.gather_objects(list(zip(results, types, sources, strict=True)))
@@ -337,47 +368,100 @@ def _entropy_mode(cfg: GRPOConfig, logged: bool) -> Entropy:
     return "metric" if logged else "off"
 
 
-def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id, cfg, logged: bool) -> dict:
+def _correction(cfg: GRPOConfig) -> str:
+    """The rollout correction in force (``auto``: tis with vLLM, none with hf)."""
+    mode = cfg.algorithm.rollout_correction
+    if mode == "auto":
+        return "tis" if cfg.rollout.engine == "vllm" else "none"
+    return mode
+
+
+def _ratio_log(out, behaviour: torch.Tensor, mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """log pi - log mu of these rows' tokens, like with like: the trainer's log-probs
+    under the same processed distribution (top-k, top-p, banned tokens) the engine's
+    were recorded under."""
+    width = out.logp.shape[1]
+    trainer = out.logp.detach() - (out.log_kept if out.log_kept is not None else 0.0)
+    return log_ratio(trainer, behaviour[rows, :width], mask[rows, :width])
+
+
+def _update(
+    engine: Engine,
+    reference,
+    batch,
+    rollouts,
+    mask,
+    advantages,
+    pad_id,
+    cfg,
+    logged: bool,
+    kept: SamplingFilter = NO_FILTER,
+) -> dict:
     """PPO-style epochs over mini-batches of prompts, each accumulated over micro-batches
-    and stepped by the engine; returns the mini-batches' mean diagnostics over ranks."""
+    and stepped by the engine; returns the mini-batches' mean diagnostics over ranks,
+    with the rollout/trainer mismatch of the batch and its correction (``kept``: what
+    the rollout engine's sampling removed beyond temperature)."""
     algo, n = cfg.algorithm, cfg.rollout.n
+    correction, cap = _correction(cfg), algo.rollout_correction_cap
     ids = rollouts.completion_ids.to(engine.device)
+    behaviour = rollouts.logprobs.to(engine.device)
     prompts = list(range(len(batch.samples)))
     if not distributed.all_max(len(prompts)):
         return {"skipped_update": 1}
     lengths = [(batch.encoded[p]["input_ids"].shape[-1], n * _width(mask, _rows([p], n))) for p in prompts]
     plan = _plan(prompts, lengths, cfg)
-    needs_old = algo.epochs > 1 or len(plan) > 1
-    old, ref = {}, {}
+    needs_old = algo.epochs > 1 or len(plan) > 1 or correction == "mask"
+    filt = None if kept.trivial else kept
+    old, ref, ratios = {}, {}, {}
     with torch.no_grad():
         for m, chunks in enumerate(plan):
             for i, chunk in enumerate(chunks):
                 chunk = chunk or prompts[:1]  # a padding forward keeps collectives in step
                 if needs_old:
-                    old[m, i] = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg).logp
+                    out = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg, kept=filt)
+                    old[m, i], ratios[m, i] = out.logp, _ratio_log(out, behaviour, mask, _rows(chunk, n))
                 if algo.kl_coef > 0 and not algo.kl_in_reward:
                     ref[m, i] = _reference_logp(engine, reference, batch, chunk, ids, mask, pad_id, cfg)
+    loss_mask, dropped = mask, 0
+    if correction == "mask":  # before the denominators: a dropped completion counts nowhere
+        loss_mask = mask.clone()
+        for (m, i), ratio in ratios.items():
+            rows = _rows(plan[m][i], n)
+            if rows:
+                keep = sequence_keep(ratio, mask[rows, : ratio.shape[1]], cap)
+                dropped += int((~keep & mask[rows].bool().any(-1)).sum())
+                loss_mask[rows] *= keep[:, None].to(mask.dtype)
     sums: dict[str, float] = {}
     means: dict[str, list[float]] = {}
+    mismatch = MismatchSums(0.0, 0.0, 0.0, 0.0)
     grad_norms = []
     entropy = _entropy_mode(cfg, logged)
-    for _ in range(algo.epochs):
+    for epoch in range(algo.epochs):
         for m, chunks in enumerate(plan):
             mini_rows = _rows([p for c in chunks for p in c], n)
             if algo.aggregation == "token-mean":
-                (denominator,) = distributed.all_sum([float(mask[mini_rows].sum())])
+                (denominator,) = distributed.all_sum([float(loss_mask[mini_rows].sum())])
             else:
-                (denominator,) = distributed.all_sum([float(mask[mini_rows].any(-1).sum())])
+                (denominator,) = distributed.all_sum([float(loss_mask[mini_rows].any(-1).sum())])
             denominator = max(denominator, 1.0)
             for i, chunk in enumerate(chunks):
                 weight = 1.0 if chunk else 0.0
                 chunk = chunk or prompts[:1]
                 rows = _rows(chunk, n)
-                out = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg, entropy)
+                out = _logprobs(
+                    engine.model, batch, chunk, ids, mask, pad_id, cfg, entropy, None if needs_old else filt
+                )
                 width = out.logp.shape[1]
                 old_logp = old[m, i] if needs_old else out.logp.detach()
+                ratio = ratios[m, i] if needs_old else _ratio_log(out, behaviour, mask, rows)
+                if epoch == 0 and weight:
+                    mismatch = mismatch + mismatch_sums(ratio, mask[rows, :width], cap)
+                tis = None
+                if correction == "tis":
+                    weigh = sequence_tis_weights if algo.loss == "gspo" else tis_weights
+                    tis = weigh(ratio, loss_mask[rows, :width], cap)
                 loss, part_sums, part_means = _policy_loss(
-                    out, old_logp, ref.get((m, i)), advantages[rows], mask[rows, :width], denominator, cfg
+                    out, old_logp, ref.get((m, i)), advantages[rows], loss_mask[rows, :width], denominator, cfg, tis
                 )
                 engine.backward(loss * weight)
                 for key, value in part_sums.items():
@@ -392,4 +476,19 @@ def _update(engine: Engine, reference, batch, rollouts, mask, advantages, pad_id
     stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
     stats["update/micro_batches"] = sum(len(chunks) for chunks in plan)
     stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
+    stats.update(_mismatch_metrics(mismatch, dropped, float(mask.bool().any(-1).sum()), correction))
     return stats
+
+
+def _mismatch_metrics(sums: MismatchSums, dropped: int, sequences: float, correction: str) -> dict:
+    """The rollout/trainer mismatch over every rank's tokens, and what the correction did."""
+    abs_diff, k3, tokens, over_cap, dropped, sequences = distributed.all_sum(
+        [sums.abs_diff, sums.k3, sums.tokens, sums.over_cap, float(dropped), sequences]
+    )
+    tokens = max(tokens, 1.0)
+    row = {"rollout/logp_abs_diff": abs_diff / tokens, "rollout/kl_k3": k3 / tokens}
+    if correction == "tis":
+        row["rollout/tis_capped_fraction"] = over_cap / tokens
+    if correction == "mask":
+        row["rollout/masked_fraction"] = dropped / max(sequences, 1.0)
+    return row

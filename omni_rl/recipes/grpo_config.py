@@ -55,6 +55,14 @@ class AlgorithmConfig:
     """Tokens before max_new_tokens where the soft penalty ramps up."""
     overlong_factor: float = 1.0
     """Size of the full overlong penalty."""
+    rollout_correction: Literal["auto", "none", "tis", "mask"] = "auto"
+    """Correction for the rollout engine sampling from a slightly different policy than
+    the trainer scores: tis weighs each token's loss by min(pi/mu, cap) (truncated
+    importance sampling); mask drops completions whose sequence ratio prod pi/mu leaves
+    [1/cap, cap]; auto is tis with the vllm engine and none with hf (which samples with
+    the trainer's own weights). The mismatch itself is logged every step either way."""
+    rollout_correction_cap: float = 2.0
+    """The cap C of the correction (> 1)."""
 
     def __post_init__(self):
         from omni_rl.algorithms.advantages import ADVANTAGES
@@ -71,6 +79,7 @@ class AlgorithmConfig:
         require(self.epochs >= 1, "epochs", "must be >= 1")
         require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
         require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
+        require(self.rollout_correction_cap > 1, "rollout_correction_cap", "must be > 1")
 
 
 @register_recipe("grpo", runner="omni_rl.recipes.grpo:train", trainable=True)

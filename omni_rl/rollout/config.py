@@ -13,17 +13,36 @@ class VLLMConfig:
     """The vLLM engine (rollout.engine: vllm; GPU machines with the vllm extra)."""
 
     gpu_memory_utilization: float = 0.5
-    """Share of GPU memory vLLM may take (the trainer needs the rest)."""
+    """Share of this GPU's whole memory that vLLM's weights, activations and KV cache
+    may take while it samples; it must be free when the engine starts, beside the
+    trainer's weights and optimizer state (checked, with the figures, at start)."""
     tensor_parallel_size: int = 1
-    """GPUs one engine spans."""
+    """GPUs one engine spans. Only 1: every rank runs its own engine on its own GPU
+    (data-parallel rollout under torchrun)."""
     max_model_len: int = 32768
-    """Longest prompt plus completion, in tokens."""
+    """Longest prompt plus completion, in tokens: at least rollout.max_prompt_length
+    + rollout.max_new_tokens, and at most the model's position limit."""
     enforce_eager: bool = False
     """Skip CUDA graph capture (slower decoding, faster start)."""
+    sleep_mode: bool = True
+    """Free vLLM's GPU memory while the trainer updates: after each rollout the engine
+    sleeps (KV cache dropped; weights dropped too, or offloaded to host memory with
+    LoRA, whose base weights never change) and wakes for the next one."""
+    sync_bucket_mb: int = 1024
+    """Weights are gathered (from FSDP2 shards) and copied into the engine in buckets
+    of this many megabytes, so the copy never holds a second full model."""
 
     def __post_init__(self):
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
-        require(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        require(
+            self.tensor_parallel_size == 1,
+            "tensor_parallel_size",
+            "tensor-parallel rollout is not supported: each rank runs its own vLLM engine on its own GPU "
+            "(launch with torchrun for data-parallel rollout); for a model whose weights do not fit one GPU "
+            "beside the trainer, use rollout.engine: hf with trainer.strategy: fsdp",
+        )
+        require(self.max_model_len >= 2, "max_model_len", "must be >= 2")
+        require(self.sync_bucket_mb >= 1, "sync_bucket_mb", "must be >= 1")
 
 
 @dataclass
@@ -53,3 +72,12 @@ class RolloutConfig:
         require(self.temperature > 0, "temperature", "must be > 0 for RL")
         require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        if self.engine == "vllm":
+            longest = self.max_prompt_length + self.max_new_tokens
+            require(
+                self.vllm.max_model_len >= longest,
+                "vllm.max_model_len",
+                f"{self.vllm.max_model_len} is less than max_prompt_length + max_new_tokens = {longest}: "
+                f"a prompt of the allowed length would abort the rollout; raise vllm.max_model_len or lower "
+                f"max_prompt_length to {self.vllm.max_model_len - self.max_new_tokens}",
+            )

@@ -99,9 +99,23 @@ def gumbel_noise(row_seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor
 
 
 def completion_seeds(prompt_seeds: list[int], n: int, device) -> torch.Tensor:
-    """[B*G] seeds of the G completions of each prompt (grouped prompt by prompt)."""
-    seeds = torch.tensor(prompt_seeds, dtype=torch.int64, device=device) & MASK32
-    return hash32(seeds.repeat_interleave(n) * 1_000_003 + torch.arange(n, device=device).repeat(len(prompt_seeds)))
+    """[B*G] seeds of the G completions of each prompt (grouped prompt by prompt):
+    completion g of a prompt with seed s is seeded s + g, as vLLM seeds its child
+    requests, then mixed (a bijection on 32 bits, so distinct seeds stay distinct)."""
+    seeds = torch.tensor([s % 2**32 for s in prompt_seeds], dtype=torch.int64, device=device)
+    return hash32(seeds.repeat_interleave(n) + torch.arange(n, device=device).repeat(len(prompt_seeds)))
+
+
+def stop_token_ids(processor, model: torch.nn.Module) -> list[int]:
+    """The tokens that end a completion: the tokenizer's end and pad tokens and the
+    checkpoint's generation-config end tokens (vLLM stops at those too, whatever
+    sampling parameters it is given), so both engines stop alike."""
+    tokenizer = processor.tokenizer
+    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    return sorted(i for i in ids if i is not None)
 
 
 class HFRolloutEngine:
@@ -115,13 +129,19 @@ class HFRolloutEngine:
     def __init__(self, model: torch.nn.Module, processor):
         self.model = model
         self.processor = processor
-        tokenizer = processor.tokenizer
-        self.pad_id = tokenizer.pad_token_id
-        self.stop_ids = sorted({tokenizer.eos_token_id, *([tokenizer.pad_token_id] if self.pad_id is not None else [])})
+        self.pad_id = processor.tokenizer.pad_token_id
+        self.stop_ids = stop_token_ids(processor, model)
         self.banned = placeholder_token_ids(processor)
 
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
         """Nothing to copy: this engine samples with the training model's own weights."""
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine's only memory is the training model's."""
+
+    def max_prompt_tokens(self, rollout) -> int:
+        """The longest prompt this engine takes (the ``rollout`` section's limit)."""
+        return rollout.max_prompt_length
 
     def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams, seeds: list[int]) -> Rollouts:
         """G = ``n`` completions for each prompt; ``encoded`` holds the samples' processor
@@ -207,7 +227,8 @@ class HFRolloutEngine:
         positions = torch.arange(width, device=completions.device)[None, :]
         mask = (positions < lengths[:, None]).long()
         logprobs = torch.stack(steps, dim=1) if steps else torch.zeros(count, 0, device=completions.device)
-        logprobs = logprobs[:, :width] * mask
+        # a finished row's padding may fall outside top-k/top-p (-inf): zero, not NaN
+        logprobs = logprobs[:, :width].masked_fill(mask == 0, 0.0)
         ids = completions.masked_fill(mask == 0, self.pad_id)
         reasons = ["stop" if bool(s) else "length" for s in stops.any(1)]
         texts = self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
