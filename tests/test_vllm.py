@@ -406,3 +406,25 @@ def test_vllm_engine_samples_groups_and_follows_weight_updates(tmp_path, tiny_ch
     engine.load_weights(model)
     after = engine.rollout(samples[:1], encoded[:1], 1, greedy, seeds=[0]).completion_ids
     assert not torch.equal(before, after)
+
+
+@pytest.mark.parametrize("config", ["configs/qwen2_5_vl_7b_video_grpo.yaml", "configs/qwen3_vl_video_grpo.yaml"])
+def test_the_real_size_configs_hold_their_longest_prompt_with_vllm(config):
+    from omni_rl.config import load_config
+
+    rollout = load_config(config, ["rollout.engine=vllm"]).rollout
+    assert rollout.vllm.max_model_len >= rollout.max_prompt_length + rollout.max_new_tokens
+
+
+def test_the_gpu_smoke_script_says_what_it_needs_on_a_machine_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the script itself")
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, str(root / "tools/gpu_smoke_vllm.py")], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1 and "needs a CUDA GPU" in result.stderr

@@ -5,6 +5,7 @@
 # per GPU; then one GRPO update of the full 3B-shaped model on a 64-frame video
 # (8,192 visual tokens, G = 8, 256 new tokens, gradient checkpointing), the shared
 # prompt against a copy per completion: seconds, tokens/s and peak memory. Needs CUDA and the project's environment (make setup). CI never runs it.
+# Where vllm is installed it then runs tools/gpu_smoke_vllm.py (PASS or FAIL per check).
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,3 +37,9 @@ PYEOF
 echo "gpu_check: one GRPO update on a 64-frame video, shared prompt (omni) against a copy per completion (peer)"
 "$PY" tools/bench_memory.py --device cuda --model "$WORK/model" --frames 64 --size 448 --new-tokens 256 \
   --checkpointing --runs omni:8,peer:8
+if "$PY" -c "import vllm" 2>/dev/null; then
+  echo "gpu_check: the vLLM rollout engine's checks"
+  "$PY" tools/gpu_smoke_vllm.py --work "$WORK/vllm"
+else
+  echo "gpu_check: vllm is not installed (pip install -e '.[vllm]'): tools/gpu_smoke_vllm.py not run"
+fi
