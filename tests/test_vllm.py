@@ -195,6 +195,10 @@ def test_engine_arguments_colocate_with_sleep_mode_and_the_launchers_processes(t
     ranked = engine_arguments(rollout, "ckpt", seed=3, lora_rank=16, launched=True)
     assert ranked["distributed_executor_backend"] == "external_launcher"
     assert (ranked["enable_lora"], ranked["max_lora_rank"], ranked["max_loras"]) == (True, 16, 1)
+    # vLLM serves a fixed set of ranks: an adapter of rank 4 fits in its rank-8 slots
+    assert engine_arguments(rollout, "ckpt", seed=3, lora_rank=4, launched=False)["max_lora_rank"] == 8
+    with pytest.raises(OmniRLError, match="exceeds vLLM's largest adapter rank 512"):
+        engine_arguments(rollout, "ckpt", seed=3, lora_rank=600, launched=False)
 
 
 def test_full_weights_come_in_bf16_buckets_covering_the_state(tiny_checkpoint):

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # vLLM clamps logit biases to [-100, 100]; exp(-100) never gets sampled.
 BAN = -100.0
+# the adapter ranks vLLM 0.33 can serve (``max_lora_rank`` must be one of them)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 FINISHED = ("stop", "length")
 
 
@@ -178,7 +180,10 @@ def engine_arguments(rollout: RolloutConfig, model_path: str, seed: int, lora_ra
     if launched:
         kwargs["distributed_executor_backend"] = "external_launcher"
     if lora_rank:
-        kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        served = next((r for r in LORA_RANKS if r >= lora_rank), None)
+        if served is None:
+            raise OmniRLError(f"model.lora.rank {lora_rank} exceeds vLLM's largest adapter rank {LORA_RANKS[-1]}")
+        kwargs.update(enable_lora=True, max_lora_rank=served, max_loras=1)
     return kwargs
 
 
