@@ -73,6 +73,12 @@ def log_kept_mass(logits: torch.Tensor, spec: SamplingFilter) -> torch.Tensor:
     ascending order, the tokens whose cumulative probability stays <= 1 - top_p,
     always keeping the most likely one.
     """
+    log_z = torch.logsumexp(logits, dim=-1)
+    if spec.top_k <= 0 and spec.top_p >= 1.0:  # bans alone: no [M, V] copy needed
+        if not spec.banned:
+            return torch.zeros_like(log_z)
+        banned = torch.logsumexp(logits[:, list(spec.banned)], dim=-1) - log_z
+        return torch.log1p(-torch.exp(banned))
     kept = logits.clone()
     if spec.banned:
         kept[:, list(spec.banned)] = -math.inf
@@ -84,7 +90,7 @@ def log_kept_mass(logits: torch.Tensor, spec: SamplingFilter) -> torch.Tensor:
         drop = ordered.softmax(-1).cumsum(-1) <= 1 - spec.top_p
         drop[:, -1] = False
         kept = kept.masked_fill(drop.scatter(-1, order, drop), -math.inf)
-    return torch.logsumexp(kept, dim=-1) - torch.logsumexp(logits, dim=-1)
+    return torch.logsumexp(kept, dim=-1) - log_z
 
 
 @dataclass
