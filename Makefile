@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.omni-rl-setup
 
-.PHONY: setup test lint demo demo-sim clean
+.PHONY: setup test lint demo demo-audio demo-sim clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ test: setup lint
 
 demo: setup
 	$(BIN)/omni-rl quickstart
+
+# A tiny Qwen2-Audio on synthetic audio QA: SFT, then GRPO (CPU, about 4 minutes).
+demo-audio: setup
+	$(BIN)/omni-rl quickstart --audio
 
 # A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs).
 demo-sim: setup

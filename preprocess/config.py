@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from omni_rl.config import require
 from omni_rl.models.config import require_family
@@ -41,7 +42,11 @@ class MediaConfig:
     max_audio_seconds: float = 30.0
     """Audio is cut to this length (Whisper-style encoders take 30 s)."""
     use_audio_in_video: bool = False
-    """Also decode each video's own audio track."""
+    """Also decode each video's own audio track, heard with its frames (Omni models);
+    a row can ask for it alone with ``"use_audio_in_video": true``."""
+    missing_video_audio: Literal["skip", "video_only"] = "skip"
+    """A row that asks for a video's sound when the video has none: ``skip`` reports
+    and skips the row; ``video_only`` reports it and uses the video without sound."""
     media_root: str | None = None
     """The only directory absolute media paths may point into."""
 
@@ -53,6 +58,15 @@ class MediaConfig:
         require(self.nframes is None or self.nframes >= 2, "nframes", "must be >= 2")
         require(2 <= self.min_frames <= self.max_frames, "min_frames", "need 2 <= min_frames <= max_frames")
         require(self.max_audio_seconds > 0, "max_audio_seconds", "must be > 0")
+        require(self.missing_video_audio in ("skip", "video_only"), "missing_video_audio", "must be skip or video_only")
+        from omni_rl.models.families import FAMILIES
+
+        hears = {"video", "audio"} <= set(FAMILIES.get(self.family).modalities)
+        require(
+            not self.use_audio_in_video or hears,
+            "use_audio_in_video",
+            f"family '{self.family}' does not hear a video's sound; an Omni family does",
+        )
         for name in (
             "video_min_pixels",
             "video_max_pixels",

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.audio import SAMPLE_RATE, read_audio
+from omni_rl.preprocess.audio import SAMPLE_RATE, NoAudioStream, read_audio
 from omni_rl.preprocess.cache import MediaCache, entry_key, file_digest, params_digest
 from omni_rl.preprocess.image import ImageBudget, read_image
 from omni_rl.preprocess.index import DatasetIndex, IndexedMedium, IndexMiss, lookup
@@ -37,6 +37,8 @@ class Budgets:
     max_audio_seconds: float = 30.0
     use_audio_in_video: bool = False
     media_root: str | None = None
+    missing_video_audio: str = "skip"
+    """What a row does whose video has no sound track (not a decoding parameter)."""
 
     @classmethod
     def from_config(cls, media) -> Budgets:
@@ -59,6 +61,7 @@ class Budgets:
             max_audio_seconds=media.max_audio_seconds,
             use_audio_in_video=media.use_audio_in_video,
             media_root=media.media_root,
+            missing_video_audio=media.missing_video_audio,
         )
 
     def params(self, kind: str) -> dict:
@@ -80,7 +83,9 @@ class Budgets:
 
 def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np.ndarray], dict]:
     """Tensors and metadata of one medium. ``kind``: image, video, audio, or
-    video_audio (a video's own audio track)."""
+    video_audio (a video's own audio track). A video without a sound track gives an
+    empty video_audio marked ``missing``: whether its row is skipped or heard without
+    sound is the reader's choice (``media.missing_video_audio``), not the cache's."""
     if kind == "video":
         clip = read_video(path, budgets.video)
         meta = {
@@ -100,7 +105,12 @@ def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np
             "original_size": list(image.original_size),
             "resized_size": list(image.pixels.shape[:2]),
         }
-    wave = read_audio(path, budgets.max_audio_seconds)
+    try:
+        wave = read_audio(path, budgets.max_audio_seconds)
+    except NoAudioStream:
+        if kind != "video_audio":
+            raise
+        return {"audio": np.zeros(0, np.float32)}, {"sample_rate": SAMPLE_RATE, "seconds": 0.0, "missing": True}
     return {"audio": wave}, {"sample_rate": SAMPLE_RATE, "seconds": wave.size / SAMPLE_RATE}
 
 

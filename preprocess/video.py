@@ -85,6 +85,11 @@ class VideoClip:
         """Seconds from the start of each sampled frame."""
         return [i / self.fps for i in self.indices]
 
+    @property
+    def sampled_fps(self) -> float:
+        """Frames kept per second of the source."""
+        return len(self.indices) / self.total_frames * self.fps
+
     def metadata(self) -> dict:
         """The transformers ``VideoMetadata`` fields for the processor (sampled fps,
         timestamps and temporal positions follow from them)."""

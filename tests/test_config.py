@@ -129,7 +129,16 @@ def test_resolved_config_round_trips(tmp_path):
 
 
 def test_one_registry_knows_every_recipe_and_its_runner():
-    assert list(recipes()) == ["demo", "flow_ppo", "grpo", "preprocess", "quickstart", "quickstart_sim", "sft"]
+    assert list(recipes()) == [
+        "demo",
+        "flow_ppo",
+        "grpo",
+        "preprocess",
+        "quickstart",
+        "quickstart_audio",
+        "quickstart_sim",
+        "sft",
+    ]
     assert trainable() == ["flow_ppo", "grpo", "sft"]
     assert len(CONFIG_MODULES) == len(RECIPES.names())
     for name in recipes():
@@ -217,7 +226,8 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     ran = {}
     monkeypatch.setattr(quickstart.sft, "train", lambda cfg: ran.setdefault("sft", cfg))
     monkeypatch.setattr(quickstart.grpo, "train", lambda cfg: ran.setdefault("grpo", cfg))
-    monkeypatch.setattr(quickstart, "_held_out", lambda *a: {"accuracy": 0.5, "per_type": {}, "rows": 8})
+    evaluation = {"accuracy": 0.5, "per_type": {}, "per_source": {}, "rows": 8}
+    monkeypatch.setattr(quickstart, "_held_out", lambda *a: evaluation)
     monkeypatch.setattr(quickstart, "_plots", lambda out: None)
     monkeypatch.setattr(quickstart, "table", lambda summary: "")
     monkeypatch.setattr(quickstart.checkpoint, "latest", lambda out: Path(out) / "checkpoints" / "step-1")

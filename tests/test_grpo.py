@@ -152,7 +152,8 @@ def test_nan_losses_skip_optimizer_steps_and_three_in_a_row_stop_the_run(tmp_pat
 def test_prompts_longer_than_the_limit_are_skipped_and_counted(tmp_path, shapes):
     cfg = load_config(tiny_config(tmp_path, shapes, rollout={"max_prompt_length": 1}, trainer={"steps": 1}))
     with pytest.raises(
-        OmniRLError, match=r"nearly every prompt exceeds .* limit of 1 tokens \(rollout\.max_prompt_length=1\)"
+        OmniRLError,
+        match=r"nearly every prompt is skipped: \d+ exceed .* limit of 1 tokens, 0 rows .*max_prompt_length=1\)",
     ):
         grpo.train(cfg)
 

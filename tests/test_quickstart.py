@@ -55,3 +55,25 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
     assert len(rows) == 3 and {"env/success_once", "train/policy_loss", "eval/success"} <= set(rows[-1])
     assert (tmp_path / "plots" / "env_return.png").is_file()
     assert "held-out success" in capsys.readouterr().out
+
+
+def test_audio_quickstart_small_run(tmp_path, capsys):
+    args = ["quickstart", "--audio", "--set", f"run.output_dir={tmp_path}"]
+    for override in (
+        "data.train_clips=8",
+        "data.heldout_clips=8",
+        "sft.trainer.steps=3",
+        "grpo.trainer.steps=2",
+        "grpo.rollout.n=2",
+        "grpo.data.prompts_per_step=2",
+    ):
+        args += ["--set", override]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 0 <= summary["heldout_accuracy_sft"] <= 1 and 0 <= summary["heldout_accuracy_rl"] <= 1
+    assert summary["heldout_rows"] == 8 and summary["silent"] is False
+    assert set(summary["per_source"]) == {"audio_higher", "audio_count", "audio_order", "audio_louder"}
+    rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[-1]["data/cache_misses"] == 0  # the audio came from the cache
+    assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()
+    assert "held-out after RL" in capsys.readouterr().out

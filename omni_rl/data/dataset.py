@@ -38,6 +38,11 @@ from omni_rl.rewards import check_targets
 
 log = logging.getLogger(__name__)
 
+
+class SkippedRow(OmniRLError):
+    """A row that cannot be used as the config asks (reported, then skipped)."""
+
+
 CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
 CACHE_MODES = ("prefer_cache", "cache_only", "no_cache")
 PLACEHOLDER = re.compile(r"<(image|video|audio)>")
@@ -52,7 +57,8 @@ class Sample:
         images: uint8 [H, W, 3] arrays, in prompt order.
         videos: decoded clips, in prompt order.
         audios: mono float32 16 kHz waveforms, in prompt order.
-        video_audios: each video's own audio track (with ``use_audio_in_video``).
+        video_audios: with ``use_audio_in_video``, one entry per video: its own sound
+            track, or None for a video without one heard as video only; else empty.
     """
 
     id: str
@@ -73,10 +79,16 @@ DEFAULT_TEMPLATE = "{problem}{options}"
 
 def render_prompt(template: str, row: Row) -> str:
     """The question text: ``template`` filled with the row's fields; ``{options}``
-    becomes a lettered list ("\\nOptions:\\nA. left\\nB. right") or nothing."""
+    becomes a lettered list ("\\nOptions:\\nA. left\\nB. right") or nothing, and
+    ``{option_list}`` the options as a Python list ("['left', 'right']", R1-AQA's form)."""
     options = row.fields.get("options") or []
     listed = "".join(f"\n{chr(65 + i)}. {option}" for i, option in enumerate(options))
-    values = {**row.fields, "problem": row.problem, "options": f"\nOptions:{listed}" if options else ""}
+    values = {
+        **row.fields,
+        "problem": row.problem,
+        "options": f"\nOptions:{listed}" if options else "",
+        "option_list": str([str(o) for o in options]),
+    }
     try:
         return template.format_map(values)
     except KeyError as err:
@@ -170,6 +182,7 @@ class MediaDataset:
         self.cache_hits = 0
         self.cache_misses = 0
         self.index_misses = 0
+        self.videos_without_sound = 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -190,12 +203,33 @@ class MediaDataset:
 
     def cache_metrics(self) -> dict[str, int]:
         """Reads so far: from the cache, decoded from raw files, and found by hashing the
-        source because the index could not name the entry."""
+        source because the index could not name the entry; and videos used without the
+        sound their row asked for (``missing_video_audio: video_only``)."""
         return {
             "data/cache_hits": self.cache_hits,
             "data/cache_misses": self.cache_misses,
             "data/index_misses": self.index_misses,
+            "data/videos_without_sound": self.videos_without_sound,
         }
+
+    def _video_sound(self, row: Row, path: Path, tensors: dict, meta: dict):
+        """A video's own sound track, or None when it has none and the config says to
+        use the video without it (else the row is skipped)."""
+        if not meta.get("missing"):
+            return tensors["audio"].numpy()
+        reason = f"{path}: the row asks for the video's sound and the video has no audio track"
+        if self.budgets.missing_video_audio == "skip":
+            raise SkippedRow(f"{row.source}: row '{row.id}': {reason} (media.missing_video_audio: skip)")
+        if not self.videos_without_sound:
+            log.warning(
+                "%s: row '%s': %s; using it without sound (media.missing_video_audio: video_only; "
+                "counted in data/videos_without_sound)",
+                row.source,
+                row.id,
+                reason,
+            )
+        self.videos_without_sound += 1
+        return None
 
     def _medium(self, row: Row, position: int, kind: str, path: Path) -> tuple[dict, dict]:
         if self.cache is not None:
@@ -210,11 +244,11 @@ class MediaDataset:
         tensors, meta = decode_medium(kind, path, self.budgets)
         return {name: _as_tensor(a) for name, a in tensors.items()}, meta
 
-    def _row_media(self, row: Row) -> list[tuple[str, dict, dict]]:
-        """(kind, tensors, metadata) of every medium of a row; errors name the row."""
+    def _row_media(self, row: Row) -> list[tuple[str, Path, dict, dict]]:
+        """(kind, path, tensors, metadata) of every medium of a row; errors name the row."""
         try:
             media = row_media(row, self.data.parent, self.budgets)
-            return [(kind, *self._medium(row, i, kind, path)) for i, (kind, path) in enumerate(media)]
+            return [(kind, path, *self._medium(row, i, kind, path)) for i, (kind, path) in enumerate(media)]
         except OmniRLError as err:
             raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
 
@@ -230,7 +264,7 @@ class MediaDataset:
             fields=row.fields,
         )
         kinds = []
-        for kind, tensors, meta in self._row_media(row):
+        for kind, path, tensors, meta in self._row_media(row):
             if kind == "video":
                 sample.videos.append(_clip_from_entry(tensors, meta))
             elif kind == "image":
@@ -245,9 +279,11 @@ class MediaDataset:
             elif kind == "audio":
                 sample.audios.append(tensors["audio"].numpy())
             else:  # video_audio
-                sample.video_audios.append(tensors["audio"].numpy())
+                sample.video_audios.append(self._video_sound(row, path, tensors, meta))
             if kind != "video_audio":
                 kinds.append(kind)
+        if any(sound is None for sound in sample.video_audios):
+            sample.video_audios = []  # heard as video only: all of the row's videos, or none
         try:
             sample.messages = build_messages(render_prompt(self.prompt_template, row), kinds)
         except OmniRLError as err:
@@ -262,7 +298,15 @@ def _as_tensor(array: np.ndarray):
 
 
 def encode_sample(processor, sample: Sample):
-    """Model inputs (a batch of one) for a sample's prompt."""
-    return encode_prompts(
-        processor, [sample.messages], images=sample.images, videos=sample.videos, audios=sample.audios
-    )
+    """Model inputs (a batch of one) for a sample's prompt; errors name the row."""
+    try:
+        return encode_prompts(
+            processor,
+            [sample.messages],
+            images=sample.images,
+            videos=sample.videos,
+            audios=sample.audios,
+            video_audios=sample.video_audios,
+        )
+    except OmniRLError as err:
+        raise OmniRLError(f"row '{sample.id}': {err}") from None

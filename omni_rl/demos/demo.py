@@ -52,7 +52,13 @@ def _setup_model(cfg: DemoConfig, out: Path):
     if cfg.model.path:
         path = Path(cfg.model.path)
     else:
-        path = build_tiny(cfg.model.tiny_family, out / "tiny_model", cfg.run.seed)
+        path = build_tiny(
+            cfg.model.tiny_family,
+            out / "tiny_model",
+            cfg.run.seed,
+            width=cfg.model.tiny_width,
+            audio_seconds=cfg.model.tiny_audio_seconds,
+        )
     family = family_of(path)
     if "video" not in family.modalities:
         raise OmniRLError(f"{path}: the demo asks about a video, and family '{family.name}' takes no video")

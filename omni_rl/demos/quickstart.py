@@ -28,8 +28,9 @@ from omni_rl.recipes import grpo, sft
 from omni_rl.runtime import set_threads
 
 
-def _split(data: Path, fraction: float, out: Path) -> Path:
-    """The first ``fraction`` of the rows (whole videos: 4 rows each)."""
+def split_rows(data: Path, fraction: float, out: Path) -> Path:
+    """The first ``fraction`` of the rows, in whole fours (a video's four questions;
+    one of each audio kind)."""
     rows = data.read_text().splitlines()
     keep = max(4, int(len(rows) * fraction) // 4 * 4)
     out.write_text("\n".join(rows[:keep]) + "\n")
@@ -52,57 +53,60 @@ def _write_split(d: QuickstartData, out: Path, videos: int, seed: int) -> Path:
     )
 
 
-def _held_out(cfg: QuickstartConfig, model_dir: Path, dataset: MediaDataset) -> dict:
+def _held_out(cfg, model_dir: Path, dataset: MediaDataset) -> dict:
     model, processor = load(model_dir)
     return evaluate(
         model, processor, dataset, samples=1, max_new_tokens=cfg.grpo.rollout.max_new_tokens, progress=False
     )
 
 
-def _filled(cfg: QuickstartConfig, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None = None):
+def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None = None, **tiny):
     """A recipe's config (``cfg.sft`` or ``cfg.grpo``) with what the quickstart generates
-    filled in: its run and media, the tiny model (or ``model_path``), the rows and cache."""
-    model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width)
+    filled in: its run and media, the tiny model (or ``model_path``; ``tiny``: more
+    ``model.tiny_*`` settings), the rows and cache."""
+    model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width, **tiny)
     cache = str(Path(cfg.run.output_dir) / "cache")
     data = replace(recipe_cfg.data, train=str(rows), cache=cache, prompt_template=cfg.data.prompt_template)
     run = replace(cfg.run, output_dir=str(run_dir))
     return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
 
-def main(cfg: QuickstartConfig) -> dict:
-    """Run the quickstart; returns (and writes) its summary."""
-    started = time.perf_counter()
+def run_phases(cfg, train: Path, sft_rows: Path, heldout: Path, **tiny) -> tuple[dict, dict]:
+    """Cache every split, SFT on ``sft_rows``, evaluate on ``heldout``, GRPO on
+    ``train`` from the SFT checkpoint, evaluate again. Returns both evaluations.
+    ``cfg`` is a quickstart config (run, media, model, data, sft and grpo sections)."""
     out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
-    d = cfg.data
-    # DATA: synthetic clips with known answers; the held-out split uses other scenes
-    train = _write_split(d, out / "data" / "train", d.train_videos, cfg.run.seed)
-    heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
-    sft_rows = _split(train, d.sft_fraction, train.parent / "sft.jsonl")
     budgets = Budgets.from_config(cfg.media)
     for data in (train, sft_rows, heldout):  # each split gets its cache index (sft's media are train's)
         preprocess(data, out / "cache", budgets, workers=1, progress=False)
-    heldout_set = MediaDataset(heldout, budgets, out / "cache", "prefer_cache", prompt_template=d.prompt_template)
+    template = cfg.data.prompt_template
+    heldout_set = MediaDataset(heldout, budgets, out / "cache", "prefer_cache", prompt_template=template)
 
     # SFT: a short cold start on part of the training set
-    sft.train(_filled(cfg, cfg.sft, out / "sft", sft_rows))
+    sft.train(_filled(cfg, cfg.sft, out / "sft", sft_rows, **tiny))
     sft_model = checkpoint.latest(out / "sft") / "model"
     after_sft = _held_out(cfg, sft_model, heldout_set)
 
     # GRPO: from the SFT checkpoint, on the whole training set
-    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model)))
+    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model), **tiny))
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
+    return after_sft, after_rl
 
+
+def write_summary(out: Path, after_sft: dict, after_rl: dict, started: float, **extra) -> dict:
+    """``summary.json`` (held-out accuracy after SFT and after RL, per problem type and
+    data source, ``extra``, seconds), curve PNGs, and both tables printed."""
     summary = {
         "heldout_accuracy_sft": after_sft["accuracy"],
         "heldout_accuracy_rl": after_rl["accuracy"],
         "per_type": {
             t: {"sft": after_sft["per_type"][t], "rl": after_rl["per_type"][t]} for t in after_sft["per_type"]
         },
+        "per_source": {
+            s: {"sft": after_sft["per_source"][s], "rl": after_rl["per_source"][s]} for s in after_sft["per_source"]
+        },
         "heldout_rows": after_rl["rows"],
-        "blank_frames": d.blank_frames,
+        **extra,
         "seconds": round(time.perf_counter() - started, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -110,6 +114,29 @@ def main(cfg: QuickstartConfig) -> dict:
     print("held-out after SFT:\n" + table(after_sft))
     print("held-out after RL:\n" + table(after_rl))
     return summary
+
+
+def begin(cfg) -> tuple[float, Path]:
+    """(start time, output directory) of a quickstart run: the directory made, the
+    resolved config saved in it, the thread count set."""
+    started = time.perf_counter()
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    set_threads(cfg.run.threads)
+    return started, out
+
+
+def main(cfg: QuickstartConfig) -> dict:
+    """Run the quickstart; returns (and writes) its summary."""
+    started, out = begin(cfg)
+    d = cfg.data
+    # DATA: synthetic clips with known answers; the held-out split uses other scenes
+    train = _write_split(d, out / "data" / "train", d.train_videos, cfg.run.seed)
+    heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
+    sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
+    after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
+    return write_summary(out, after_sft, after_rl, started, blank_frames=d.blank_frames)
 
 
 def _plots(out: Path) -> None:

@@ -99,10 +99,22 @@ def quickstart_grpo() -> GRPOConfig:
     )
 
 
-def _get(obj, dotted: str):
+def _dotted_get(obj, dotted: str):
     for name in dotted.split("."):
         obj = getattr(obj, name)
     return obj
+
+
+def require_unfilled(cfg, defaults: dict, keys: tuple[str, ...]) -> None:
+    """Validation helper: the fields ``keys`` of the recipe sections (``defaults``:
+    section name -> its default config) that a quickstart fills are left at default."""
+    for name, default in defaults.items():
+        for key in keys:
+            require(
+                _dotted_get(getattr(cfg, name), key) == _dotted_get(default, key),
+                f"{name}.{key}",
+                "the quickstart fills this from its own run, media, model and data sections; set those instead",
+            )
 
 
 @register_recipe("quickstart", runner="omni_rl.demos.quickstart:main", command="omni-rl quickstart --config")
@@ -130,10 +142,4 @@ class QuickstartConfig:
     checkpoint)."""
 
     def __post_init__(self):
-        for name, default in (("sft", quickstart_sft()), ("grpo", quickstart_grpo())):
-            for key in FILLED:
-                require(
-                    _get(getattr(self, name), key) == _get(default, key),
-                    f"{name}.{key}",
-                    "the quickstart fills this from its own run, media, model and data sections; set those instead",
-                )
+        require_unfilled(self, {"sft": quickstart_sft(), "grpo": quickstart_grpo()}, FILLED)

@@ -84,7 +84,10 @@ def export_model(engine: Engine, directory: Path, processor=None) -> None:
     """The full weights as a Hugging Face directory (gathered on rank 0, which writes)."""
     full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if engine.ranks.is_main:
+        from omni_rl.models.omni import write_export_note  # transformers: VLM recipes only
+
         engine.module.save_pretrained(directory, state_dict=full)
+        write_export_note(engine.module, directory)
         if processor is not None:
             processor.save_pretrained(directory)
 

@@ -53,30 +53,52 @@ def load(
     from omni_rl.models import shared_prefix
 
     family = family_of(path)
-    model = family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
+    if family.loader is not None:
+        model = family.loader(path, dtype)
+    else:
+        model = family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
     shared_prefix.install(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return model.to(device).eval(), processor
 
 
-def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64) -> Path:
+def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64, audio_seconds: int = 30) -> Path:
     """Write a tiny random-init checkpoint of ``family`` (model, processor, tokenizer)
     with a ``width``-wide decoder (64: about 0.2 M params; 128: about 0.6 M).
 
+    ``audio_seconds`` is the audio window of audio families (the feature extractor pads
+    to it, the encoder's positions cover it); released checkpoints have 30 s.
     The same ``seed`` gives the same weights, byte for byte.
     """
     if width < 32 or width % 32:
         raise OmniRLError(f"tiny model width {width}: must be a multiple of 32")
+    if audio_seconds < 1:
+        raise OmniRLError(f"tiny model audio window {audio_seconds} s: must be >= 1")
     spec = FAMILIES.get(family)
     tokenizer = build_tokenizer(spec.tokens)
+    config = spec.tiny_config(tokenizer, width)
+    processor = spec.tiny_processor(tokenizer)
+    if "audio" in spec.modalities:
+        _set_audio_window(config, processor, audio_seconds)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = spec.model_cls()(spec.tiny_config(tokenizer, width))
+        model = spec.model_cls()(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    spec.tiny_processor(tokenizer).save_pretrained(out)
+    processor.save_pretrained(out)
     return out
+
+
+def _set_audio_window(config, processor, seconds: int) -> None:
+    """Size a tiny audio encoder and its feature extractor for ``seconds`` of audio
+    (100 mel frames per second, halved by the encoder's strided convolution)."""
+    from transformers import WhisperFeatureExtractor
+
+    thinker = getattr(config, "thinker_config", config)
+    thinker.audio_config.max_source_positions = 50 * seconds
+    extractor = processor.feature_extractor
+    processor.feature_extractor = WhisperFeatureExtractor(feature_size=extractor.feature_size, chunk_length=seconds)
 
 
 def placeholder_token_ids(processor) -> list[int]:

@@ -48,6 +48,9 @@ class ModelConfig:
     """Family of the tiny model built when ``path`` is unset."""
     tiny_width: int = 64
     """Decoder width of that tiny model (a multiple of 32; 64: ~0.2 M params, 128: ~0.6 M)."""
+    tiny_audio_seconds: int = 30
+    """Audio window of that tiny model, for audio families (released checkpoints: 30 s;
+    a shorter window makes CPU runs on short clips cheaper)."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder's weights fixed."""
     gradient_checkpointing: bool = False
@@ -59,6 +62,7 @@ class ModelConfig:
     def __post_init__(self):
         require_family(self.tiny_family, "tiny_family")
         require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")
+        require(self.tiny_audio_seconds >= 1, "tiny_audio_seconds", "must be >= 1")
 
 
 @dataclass

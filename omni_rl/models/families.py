@@ -37,6 +37,8 @@ class Family:
         tiny_config: ``(tokenizer, width) -> config`` for a random-init model whose
             decoder is ``width`` wide (a multiple of 32; 64 gives about 0.2 M params).
         tiny_processor: ``(tokenizer) -> processor`` with budgets sized for CPU tests.
+        loader: ``(path, dtype) -> model`` for checkpoints whose trained part is not the
+            whole model (a released Omni's thinker); None: ``model_class.from_pretrained``.
     """
 
     name: str
@@ -46,6 +48,7 @@ class Family:
     tokens: TokenSpec
     tiny_config: Callable[[Qwen2Tokenizer, int], PretrainedConfig]
     tiny_processor: Callable[[Qwen2Tokenizer], ProcessorMixin]
+    loader: Callable | None = None
 
     def model_cls(self) -> type:
         """The transformers model class of this family."""
@@ -320,5 +323,255 @@ FAMILIES.register("qwen2_5_omni_thinker")(
         tokens=OMNI_TOKENS,
         tiny_config=_omni_thinker_config,
         tiny_processor=_omni_processor,
+    )
+)
+
+
+def _omni_config(tok: Qwen2Tokenizer, width: int) -> PretrainedConfig:
+    """A released-layout Omni: the tiny thinker plus a 1-layer talker and a tiny
+    vocoder (DiT and BigVGAN), so that loading one can be tested without a download."""
+    thinker = _omni_thinker_config(tok, width)
+    media_ids = {
+        key: getattr(thinker, key)
+        for key in (
+            "audio_token_index",
+            "image_token_index",
+            "video_token_index",
+            "vision_start_token_id",
+            "vision_end_token_id",
+            "audio_start_token_id",
+            "audio_end_token_id",
+        )
+    }
+    talker = {
+        "vocab_size": 64,
+        "embedding_size": width,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        "tts_codec_start_token_id": 60,
+        "tts_codec_end_token_id": 61,
+        "tts_codec_pad_token_id": 62,
+        "tts_codec_mask_token_id": 63,
+        **_ids(
+            tok,
+            tts_text_start_token_id="<|im_start|>",
+            tts_text_end_token_id="<|im_end|>",
+            tts_text_pad_token_id="<|endoftext|>",
+        ),
+        **media_ids,
+    }
+    dit = {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "head_dim": 16,
+        "emb_dim": 16,
+        "num_embeds": 64,
+        "enc_emb_dim": 16,
+        "enc_dim": 16,
+        "enc_channels": [16, 16, 16, 16, 48],
+        "enc_attention_channels": 8,
+        "enc_se_channels": 8,
+        "look_ahead_layers": [0],
+        "look_backward_layers": [0],
+    }
+    bigvgan = {"upsample_initial_channel": 64, "resblock_kernel_sizes": [3], "resblock_dilation_sizes": [[1, 3, 5]]}
+    return transformers.Qwen2_5OmniConfig(
+        thinker_config=thinker.to_dict(),
+        talker_config=talker,
+        token2wav_config={"dit_config": dit, "bigvgan_config": bigvgan},
+    )
+
+
+def _thinker_loader(thinker_class: str) -> Callable:
+    def load(path, dtype):
+        from omni_rl.models.omni import load_thinker
+
+        return load_thinker(path, dtype, getattr(transformers, thinker_class))
+
+    return load
+
+
+# A released Qwen2.5-Omni checkpoint (thinker + talker): its thinker is what trains.
+FAMILIES.register("qwen2_5_omni")(
+    Family(
+        name="qwen2_5_omni",
+        model_class="Qwen2_5OmniForConditionalGeneration",
+        modalities=("image", "video", "audio"),
+        patch_size=14,
+        tokens=OMNI_TOKENS,
+        tiny_config=_omni_config,
+        tiny_processor=_omni_processor,
+        loader=_thinker_loader("Qwen2_5OmniThinkerForConditionalGeneration"),
+    )
+)
+
+QWEN3_OMNI_TOKENS = TokenSpec(
+    specials=(
+        *CHAT,
+        "<|audio_start|>",
+        "<|audio_end|>",
+        "<|audio_pad|>",
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ),
+    named={
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "audio_token": "<|audio_pad|>",
+        "vision_bos_token": "<|vision_start|>",
+        "vision_eos_token": "<|vision_end|>",
+        "audio_bos_token": "<|audio_start|>",
+        "audio_eos_token": "<|audio_end|>",
+    },
+    markup={
+        "image": "<|vision_start|><|image_pad|><|vision_end|>",
+        "video": "<|vision_start|><|video_pad|><|vision_end|>",
+        "audio": "<|audio_start|><|audio_pad|><|audio_end|>",
+    },
+    system_prompt="You are a helpful assistant.",
+)
+
+
+def _qwen3_omni_thinker_config(tok: Qwen2Tokenizer, width: int) -> PretrainedConfig:
+    """The Qwen3-Omni thinker: a mixture-of-experts decoder (4 experts, 2 per token)
+    with interleaved multimodal RoPE, a Qwen3-VL-style vision tower and a chunked audio
+    encoder."""
+    text = _text_config(
+        tok,
+        width,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=width,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+            "mrope_interleaved": True,
+        },
+    )
+    return transformers.Qwen3OmniMoeThinkerConfig(
+        audio_config=_audio_encoder_config(output_dim=width, downsample_hidden_size=16),
+        vision_config=_vision_encoder_config(
+            width, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]
+        ),
+        text_config=text,
+        user_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
+        **_ids(
+            tok,
+            audio_token_id="<|audio_pad|>",
+            image_token_id="<|image_pad|>",
+            video_token_id="<|video_pad|>",
+            audio_start_token_id="<|audio_start|>",
+            audio_end_token_id="<|audio_end|>",
+            vision_start_token_id="<|vision_start|>",
+            vision_end_token_id="<|vision_end|>",
+        ),
+    )
+
+
+def _qwen3_omni_processor(tok: Qwen2Tokenizer) -> ProcessorMixin:
+    scale = 32**2 / 28**2
+    return transformers.Qwen3OmniMoeProcessor(
+        image_processor=transformers.Qwen2VLImageProcessor(
+            size={k: int(v * scale) for k, v in TINY_IMAGE_PIXELS.items()}, patch_size=16
+        ),
+        video_processor=transformers.Qwen2VLVideoProcessor(
+            size={k: int(v * scale) for k, v in TINY_VIDEO_PIXELS.items()},
+            patch_size=16,
+            do_sample_frames=False,
+            cap_pixels_per_frame=True,
+        ),
+        feature_extractor=transformers.WhisperFeatureExtractor(feature_size=128),
+        tokenizer=tok,
+        chat_template=tok.chat_template,
+    )
+
+
+FAMILIES.register("qwen3_omni_moe_thinker")(
+    Family(
+        name="qwen3_omni_moe_thinker",
+        model_class="Qwen3OmniMoeThinkerForConditionalGeneration",
+        modalities=("image", "video", "audio"),
+        patch_size=16,
+        tokens=QWEN3_OMNI_TOKENS,
+        tiny_config=_qwen3_omni_thinker_config,
+        tiny_processor=_qwen3_omni_processor,
+    )
+)
+
+
+def _qwen3_omni_config(tok: Qwen2Tokenizer, width: int) -> PretrainedConfig:
+    """A released-layout Qwen3-Omni: the tiny thinker plus a 1-layer talker (with its
+    code predictor) and a tiny code-to-wave decoder."""
+    thinker = _qwen3_omni_thinker_config(tok, width)
+    shared = ("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id", "audio_start_token_id")
+    media_ids = {key: getattr(thinker, key) for key in shared}
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    talker = {
+        "code_predictor_config": {
+            **small,
+            "vocab_size": 64,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "num_code_groups": 2,
+        },
+        "text_config": {
+            **small,
+            "vocab_size": 64,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "rope_parameters": thinker.text_config.rope_parameters,
+        },
+        "num_code_groups": 2,
+        "spatial_merge_size": 2,
+        "thinker_hidden_size": width,
+        "accept_hidden_layer": 1,
+        "codec_pad_id": 58,
+        "codec_bos_id": 59,
+        "codec_eos_token_id": 60,
+        "codec_nothink_id": 61,
+        "codec_think_bos_id": 62,
+        "codec_think_eos_id": 63,
+        **media_ids,
+    }
+    code2wav = {
+        **small,
+        "codebook_size": 64,
+        "num_key_value_heads": 2,
+        "num_quantizers": 2,
+        "sliding_window": 8,
+        "decoder_dim": 32,
+        "upsample_rates": [2, 2, 2, 2],
+        "upsampling_ratios": [2, 2],
+    }
+    return transformers.Qwen3OmniMoeConfig(
+        thinker_config=thinker.to_dict(), talker_config=talker, code2wav_config=code2wav
+    )
+
+
+# A released Qwen3-Omni checkpoint (thinker + talker + code2wav): its thinker trains.
+FAMILIES.register("qwen3_omni_moe")(
+    Family(
+        name="qwen3_omni_moe",
+        model_class="Qwen3OmniMoeForConditionalGeneration",
+        modalities=("image", "video", "audio"),
+        patch_size=16,
+        tokens=QWEN3_OMNI_TOKENS,
+        tiny_config=_qwen3_omni_config,
+        tiny_processor=_qwen3_omni_processor,
+        loader=_thinker_loader("Qwen3OmniMoeThinkerForConditionalGeneration"),
     )
 )

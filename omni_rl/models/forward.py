@@ -128,6 +128,20 @@ def text_positions(model: torch.nn.Module, attention_mask: torch.Tensor) -> torc
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def explicit_positions(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(positions, multimodal RoPE offsets [B, 1]) to pass with ``batch``, or None for
+    either that the model computes itself. Takes the per-prompt ``use_audio_in_video``
+    flags out of ``batch``: prompts that hear their videos get positions computed one
+    by one (``omni_rl.models.omni.prompt_positions``); models without multimodal RoPE
+    get ``text_positions``."""
+    heard = batch.pop("use_audio_in_video", None)
+    if heard is not None and bool(heard.any()):
+        from omni_rl.models.omni import prompt_positions
+
+        return prompt_positions(_rope_modules(model)[0], batch, heard)
+    return text_positions(model, batch["attention_mask"]), None
+
+
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
     """The vocabulary projection (through DDP and LoRA wrappers)."""
     while isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -264,17 +278,19 @@ def prefill(model: torch.nn.Module, inputs: dict) -> Prefix:
 
     Models without multimodal RoPE get explicit positions from the attention mask, as
     generation uses them, so that left padding is not counted; multimodal-RoPE models
-    compute theirs (and their offsets) from the mask themselves.
+    compute theirs (and their offsets) from the mask themselves, except Omni prompts
+    that hear their videos: those get positions computed prompt by prompt
+    (``omni_rl.models.omni.prompt_positions``).
     """
     prefix = {k: (v[:, :-1] if k in TOKEN_ALIGNED else v) for k, v in inputs.items()}
-    positions = text_positions(model, prefix["attention_mask"])
+    positions, deltas = explicit_positions(model, prefix)
     if positions is not None:
         prefix["position_ids"] = positions
     store = PrefixStore(prefix["attention_mask"].bool())
     reset_rope_deltas(model)
     with head_replaced(model, lambda hidden: hidden[:, :0]):
         model(**prefix, use_cache=False, shared_prefix=RecordPrefix(store))
-    return Prefix(store, inputs["attention_mask"].long().sum(-1), _rope_deltas(model))
+    return Prefix(store, inputs["attention_mask"].long().sum(-1), deltas if deltas is not None else _rope_deltas(model))
 
 
 def tail_positions(prefix: Prefix, tail_mask: torch.Tensor, n: int) -> torch.Tensor:
@@ -358,7 +374,7 @@ def full_forward(
     reset_rope_deltas(model)
     batch, _ = append_completion(expanded, completion_ids, completion_mask)
     batch.pop("labels", None)
-    positions = text_positions(model, batch["attention_mask"])
+    positions, _ = explicit_positions(model, batch)
     if positions is not None:
         batch["position_ids"] = positions
     head, keep = output_head(model), completion_ids.shape[1] + 1

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from transformers import BatchFeature
 
+from omni_rl.errors import OmniRLError
 from omni_rl.preprocess.video import VideoClip
 
 AUDIO_SAMPLE_RATE = 16_000
@@ -25,6 +26,37 @@ def media_processor_kwargs(images: bool, videos: bool) -> dict:
     return kwargs
 
 
+def interleaves_video_audio(processor) -> bool:
+    """Whether the processor lays a video's own sound out with its frames (Omni)."""
+    from transformers.processing_utils import OmniModalProcessorMixin
+
+    method = getattr(type(processor), "replace_video_with_audio_token", None)
+    return method is not None and method is not OmniModalProcessorMixin.replace_video_with_audio_token
+
+
+def audio_slots(
+    conversations: Sequence[list[dict]], audios: Sequence[np.ndarray], video_audios: Sequence[np.ndarray | None]
+) -> tuple[list[np.ndarray], list[int | None]]:
+    """Every waveform the prompts hear, in the order their tokens appear: standalone
+    audio parts, and each video's own sound at its video's place. Returns the waveforms
+    and, per waveform, the index of the video it belongs to (None: standalone), as the
+    Omni processor's ``audio_from_video_indices`` wants them."""
+    standalone, tracks = iter(audios), iter(enumerate(video_audios))
+    waves, owners = [], []
+    for messages in conversations:
+        for message in messages:
+            for part in message["content"] if isinstance(message["content"], list) else ():
+                if part["type"] == "audio":
+                    waves.append(next(standalone))
+                    owners.append(None)
+                elif part["type"] == "video":
+                    index, wave = next(tracks)
+                    if wave is not None:
+                        waves.append(wave)
+                        owners.append(index)
+    return waves, owners
+
+
 def encode_prompts(
     processor,
     conversations: Sequence[list[dict]],
@@ -32,6 +64,7 @@ def encode_prompts(
     images: Sequence[np.ndarray] = (),
     videos: Sequence[VideoClip] = (),
     audios: Sequence[np.ndarray] = (),
+    video_audios: Sequence[np.ndarray | None] = (),
 ) -> BatchFeature:
     """Model inputs for a batch of prompts, each ending in the assistant turn's header.
 
@@ -45,21 +78,72 @@ def encode_prompts(
         videos: decoded clips, in order; their metadata gives the processor the true
             sampled fps and timestamps.
         audios: mono float32 waveforms at 16 kHz, in order.
+        video_audios: one entry per video: its own sound track (16 kHz mono), or None
+            for a video heard without sound. Only Omni processors take them: each
+            sound's tokens are interleaved with its video's frames, 2-second chunk by
+            chunk, as the model was trained.
 
     Images and frames arrive resized by ``omni_rl.preprocess`` (qwen-vl-utils' budgets,
     aligned to the patch grid), so the processor does not resize them again.
+
+    When a video is heard, the inputs also hold ``use_audio_in_video`` [B] (bool):
+    whether each prompt's videos carry their sound, which the model's positions depend
+    on. The forwards here take it per prompt (``omni_rl.models.forward.prefill``);
+    transformers' own forward takes one flag per batch.
     """
     texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
     kwargs = media_processor_kwargs(bool(images), bool(videos))
+    interleaved = interleaves_video_audio(processor)
+    heard = [wave for wave in video_audios if wave is not None]
+    if heard and not interleaved:
+        raise OmniRLError(f"{type(processor).__name__} takes no sound with a video (use_audio_in_video needs Omni)")
+    if video_audios and len(video_audios) != len(videos):
+        raise OmniRLError(f"{len(video_audios)} video sound tracks for {len(videos)} videos")
     if images:
         kwargs["images"] = list(images)
     if videos:
         kwargs["videos"] = [torch.from_numpy(clip.frames) for clip in videos]  # [T, 3, H, W], no copy
         kwargs["video_metadata"] = [clip.metadata() for clip in videos]
-    if audios:
+        if interleaved:
+            kwargs["fps"] = _shared_fps(videos, interleave=bool(heard))
+    if heard:
+        waves, owners = audio_slots(conversations, audios, video_audios)
+        kwargs |= {"audio": waves, "audio_from_video_indices": owners, "load_audio_from_video": True}
+    elif audios:
         kwargs["audio"] = list(audios)
+    if "audio" in kwargs:
         kwargs["sampling_rate"] = AUDIO_SAMPLE_RATE
-    return processor(text=texts, return_tensors="pt", padding=True, padding_side="left", **kwargs)
+    out = processor(text=texts, return_tensors="pt", padding=True, padding_side="left", **kwargs)
+    if interleaved and videos:  # the processor takes one fps for all; each video's own, for positions
+        tps = processor.video_processor.temporal_patch_size
+        out["video_second_per_grid"] = torch.tensor([tps / clip.sampled_fps for clip in videos])
+    if heard:
+        out["use_audio_in_video"] = torch.tensor(_heard_per_prompt(conversations, video_audios))
+    return out
+
+
+def _shared_fps(videos: Sequence[VideoClip], interleave: bool) -> float:
+    """The sampled frame rate the Omni processor is given. It takes one for all videos,
+    and interleaving a video's sound chunk by chunk needs the true one."""
+    rates = {round(clip.sampled_fps, 6) for clip in videos}
+    if interleave and len(rates) > 1:
+        raise OmniRLError(
+            f"videos sampled at different rates ({', '.join(map(str, sorted(rates)))} fps) cannot have their "
+            "sound interleaved in one processor call; encode their prompts one by one"
+        )
+    return videos[0].sampled_fps
+
+
+def _heard_per_prompt(conversations: Sequence[list[dict]], video_audios: Sequence[np.ndarray | None]) -> list[bool]:
+    """Per prompt: whether its videos carry their sound (all of them, or none)."""
+    tracks, heard = iter(video_audios), []
+    for i, messages in enumerate(conversations):
+        parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "video"]
+        flags = {next(tracks, None) is not None for _ in parts}
+        if len(flags) > 1:
+            raise OmniRLError(f"prompt {i}: some of its videos have sound and some do not; use all or none")
+        heard.append(flags == {True})
+    return heard
 
 
 def append_completion(
@@ -101,6 +185,11 @@ MEDIA_KEYS = (
     "feature_attention_mask",
 )
 TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+# Audio features padded to the longest of the batch by some processors (Qwen3-Omni):
+# right-padded with zeros (masked out) to the longest before concatenation.
+RAGGED_KEYS = ("input_features", "feature_attention_mask")
+# Per-prompt flags: one value per prompt, False where a prompt lacks it.
+FLAG_KEYS = ("use_audio_in_video",)
 
 
 def collate_prompts(prompts: Sequence[dict], pad_id: int) -> dict:
@@ -124,7 +213,15 @@ def collate_prompts(prompts: Sequence[dict], pad_id: int) -> dict:
             rows.append(torch.cat([pad, t], dim=1))
         batch[key] = torch.cat(rows, dim=0)
     for key in MEDIA_KEYS:
-        present = [p[key] for p in prompts if key in p]
+        present = [torch.as_tensor(p[key]) for p in prompts if key in p]
+        if present and key in RAGGED_KEYS:
+            longest = max(x.shape[-1] for x in present)
+            present = [torch.nn.functional.pad(x, (0, longest - x.shape[-1])) for x in present]
         if present:
-            batch[key] = torch.cat([torch.as_tensor(x) for x in present], dim=0)
+            batch[key] = torch.cat(present, dim=0)
+    for key in FLAG_KEYS:
+        if any(key in p for p in prompts):
+            empty = torch.zeros(0, dtype=torch.bool)
+            flags = [p[key] if key in p else empty.new_zeros(p["input_ids"].shape[0]) for p in prompts]
+            batch[key] = torch.cat(flags)
     return batch

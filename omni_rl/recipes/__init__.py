@@ -27,6 +27,7 @@ CONFIG_MODULES: tuple[str, ...] = (
     "omni_rl.demos.demo_config",
     "omni_rl.demos.quickstart_config",
     "omni_rl.demos.quickstart_sim_config",
+    "omni_rl.demos.quickstart_audio_config",
 )
 
 

@@ -69,7 +69,13 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     precision = resolve_precision(cfg.trainer.precision, run.device)
     base = model_dir(cfg, run.out)
     if not cfg.model.path and run.ranks.is_main and not (base / "config.json").is_file():
-        build_tiny(cfg.model.tiny_family, base, seed=cfg.run.seed, width=cfg.model.tiny_width)
+        build_tiny(
+            cfg.model.tiny_family,
+            base,
+            seed=cfg.run.seed,
+            width=cfg.model.tiny_width,
+            audio_seconds=cfg.model.tiny_audio_seconds,
+        )
     distributed.barrier()
     model, processor = load(base, device=run.device, dtype=load_dtype(precision))
     if cfg.model.freeze_vision_tower:

@@ -59,6 +59,11 @@ def request(processor, sample: Sample) -> dict:
     true sampled fps and frame indices; images as [H, W, 3] arrays; audio as
     ``(waveform, 16000)``.
     """
+    if sample.video_audios:
+        raise OmniRLError(
+            f"row '{sample.id}': videos heard with their sound (use_audio_in_video) are not sent to vLLM yet; "
+            "use rollout.engine=hf for them"
+        )
     text = processor.apply_chat_template(sample.messages, tokenize=False, add_generation_prompt=True)
     media: dict = {}
     if sample.images:
