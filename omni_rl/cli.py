@@ -45,6 +45,13 @@ def command(name: str, help: str, *arguments: tuple[tuple, dict]) -> Callable:
     return decorate
 
 
+# the presets of omni_rl.benchmarks (a test keeps the two in step; importing them here
+# would make --help slow)
+BENCHMARK_NAMES = ("mvbench", "videomme", "videomme_w_subtitle", "vsibench", "charades_sta", "mmau_test_mini")
+# the formats of omni_rl.data.convert: training sets, then the benchmark presets (with
+# subtitles or not, Video-MME's rows are the same)
+DATA_FORMATS = ("video-r1", "llava-video", *(n for n in BENCHMARK_NAMES if n != "videomme_w_subtitle"))
+
 OVERRIDE = arg(
     "--set",
     dest="overrides",
@@ -90,12 +97,13 @@ def _config_show(args: argparse.Namespace) -> int:
     arg("--out", required=True, metavar="DIR", help="output directory"),
     arg("--seed", type=int, default=0, help="initialization seed"),
     arg("--width", type=int, default=64, help="decoder width, a multiple of 32 (64: ~0.2 M params)"),
+    arg("--audio-seconds", type=int, default=30, help="audio window of audio families, in seconds"),
 )
 def _tiny_model(args: argparse.Namespace) -> int:
     from omni_rl.models import FAMILIES, build_tiny
 
     FAMILIES.canonical(args.family)  # unknown family: a one-line error listing the known ones
-    out = build_tiny(args.family, args.out, seed=args.seed, width=args.width)
+    out = build_tiny(args.family, args.out, seed=args.seed, width=args.width, audio_seconds=args.audio_seconds)
     print(f"wrote tiny {args.family} to {out}")
     return 0
 
@@ -170,29 +178,67 @@ def _train(args: argparse.Namespace) -> int:
 
 
 @command(
+    "attach-talker",
+    "a full Qwen2.5-Omni checkpoint (speech out) from a trained thinker and its released source",
+    arg("--thinker", required=True, metavar="DIR", help="a trained thinker (a run's checkpoints/step-N/model)"),
+    arg("--source", required=True, metavar="DIR", help="the released qwen2_5_omni checkpoint it was trained from"),
+    arg("--out", required=True, metavar="DIR", help="output directory"),
+)
+def _attach_talker(args: argparse.Namespace) -> int:
+    from omni_rl.models.omni import attach_talker
+
+    out = attach_talker(args.thinker, args.source, args.out)
+    print(f"wrote {out}: the thinker of {args.thinker} with the talker of {args.source}")
+    return 0
+
+
+@command(
     "quickstart",
     "tiny VLM on synthetic video QA: data, cache, SFT, eval, GRPO, eval (CPU, minutes); "
+    "--audio: a tiny Qwen2-Audio on synthetic audio QA, the same phases; "
     "--sim: a flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO, eval",
+    arg("--audio", action="store_true", help="run the audio quickstart instead"),
     arg("--sim", action="store_true", help="run the simulation quickstart instead"),
     arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
     OVERRIDE,
 )
 def _quickstart(args: argparse.Namespace) -> int:
-    return _run_recipe(args, "quickstart_sim" if args.sim else "quickstart")
+    if args.audio and args.sim:
+        raise OmniRLError("quickstart: choose --audio or --sim, not both")
+    return _run_recipe(args, "quickstart_sim" if args.sim else "quickstart_audio" if args.audio else "quickstart")
 
 
 @command(
     "eval",
-    "evaluate a checkpoint: accuracy overall, per problem type and data source (greedy or pass@k)",
-    arg("--model", required=True, metavar="DIR", help="a checkpoint directory (or a training run's model/)"),
-    arg("--data", required=True, metavar="DATA", help="a JSONL or Parquet dataset"),
-    arg("--samples", type=int, default=1, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
+    "evaluate a checkpoint on a dataset (accuracy per problem type and source) or on a benchmark preset "
+    "with its published protocol (--benchmark); --predictions scores saved responses with no model",
+    arg("--model", metavar="DIR", help="a checkpoint directory (a run's checkpoints/step-N/model)"),
+    arg("--data", required=True, metavar="DATA", help="a JSONL or Parquet dataset, or the benchmark's directory"),
+    arg("--benchmark", metavar="NAME", help="a benchmark preset: " + ", ".join(BENCHMARK_NAMES)),
+    arg("--predictions", metavar="FILE", help="with --benchmark: JSONL of {id, response} to score (no model)"),
+    arg("--samples", type=int, default=None, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
     arg("--config", metavar="FILE", help="a config whose media, data.prompt_template and rewards sections apply"),
-    arg("--max-new-tokens", type=int, default=64),
-    arg("--out", metavar="FILE", help="write the summary as JSON here"),
-    OVERRIDE,
+    arg("--max-new-tokens", type=int, default=None, help="longest answer (default: 64, or the preset's)"),
+    arg("--cache", metavar="DIR", help="with --benchmark: a media cache made by omni-rl preprocess"),
+    arg(
+        "--out", metavar="PATH", help="the summary JSON (a file); with --benchmark a directory (default runs/eval/NAME)"
+    ),
+    arg(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, or with --benchmark a protocol field, e.g. --set protocol.nframes=16",
+    ),
 )
 def _eval(args: argparse.Namespace) -> int:
+    if args.benchmark:
+        return _eval_benchmark(args)
+    if args.predictions:
+        raise OmniRLError("eval: --predictions needs --benchmark (the preset's parser and metric score them)")
+    if not args.model:
+        raise OmniRLError("eval: --model is required (or --benchmark with --predictions)")
     from pathlib import Path
 
     from omni_rl.config import load_config
@@ -203,7 +249,8 @@ def _eval(args: argparse.Namespace) -> int:
     from omni_rl.runtime import resolve_device, resolve_dtype, set_threads
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")
-    if args.samples < 1:
+    samples = args.samples or 1
+    if samples < 1:
         raise OmniRLError("--samples must be >= 1")
     set_threads(getattr(getattr(cfg, "run", None), "threads", None))
     device = resolve_device(getattr(getattr(cfg, "run", None), "device", "auto"))
@@ -211,11 +258,81 @@ def _eval(args: argparse.Namespace) -> int:
     template = cfg.data.prompt_template if hasattr(cfg, "data") else DEFAULT_TEMPLATE
     dataset = MediaDataset(args.data, Budgets.from_config(cfg.media), prompt_template=template)
     settings = cfg.rewards.settings() if hasattr(cfg, "rewards") else None
-    summary = evaluate(model, processor, dataset, args.samples, args.max_new_tokens, settings=settings)
+    summary = evaluate(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
     print(table(summary))
     if args.out:
         Path(args.out).write_text(dumps(summary))
     return 0
+
+
+def _protocol_overrides(args: argparse.Namespace) -> dict:
+    """``--set protocol.X=Y``, ``--samples`` and ``--max-new-tokens`` as protocol fields."""
+    from omni_rl.config import parse_override
+
+    overrides = {}
+    for text in args.overrides:
+        keys, value = parse_override(text)
+        if len(keys) != 2 or keys[0] != "protocol":
+            raise OmniRLError(f"--set {text}: with --benchmark only protocol fields apply (--set protocol.nframes=16)")
+        overrides[keys[1]] = value
+    if args.samples is not None:
+        overrides["samples"] = args.samples
+    if args.max_new_tokens is not None:
+        overrides["max_new_tokens"] = args.max_new_tokens
+    return overrides
+
+
+def _eval_benchmark(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omni_rl.benchmarks import run
+
+    overrides = _protocol_overrides(args)
+    out = Path(args.out or f"runs/eval/{args.benchmark}")
+    prepared = run.prepare(args.benchmark, args.data, out, overrides)
+    config = {"model": args.model, "predictions": args.predictions, "overrides": overrides, "cache": args.cache}
+    if args.predictions:
+        answers, failures = run.read_predictions(args.predictions), []
+    elif args.model:
+        from omni_rl.models import family_of, load
+        from omni_rl.runtime import resolve_device, resolve_dtype
+
+        device = resolve_device("auto")
+        model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
+        answers, failures = run.answer_with_model(prepared, model, processor, family_of(args.model).name, args.cache)
+    else:
+        raise OmniRLError("eval --benchmark: give --model DIR or --predictions FILE")
+    scored = run.score(prepared, answers)
+    summary = run.results(prepared, scored, failures, config)
+    path = run.write(out, summary, scored, prepared.protocol.metric)
+    print(run.table(summary))
+    print(f"wrote {path} and {out}/samples_{args.benchmark}.jsonl")
+    return 0
+
+
+@command(
+    "data convert",
+    "convert another dataset's training file into omni_rl rows (JSONL)",
+    arg("src", metavar="IN", help="the source file; its media paths are taken relative to its folder"),
+    arg(
+        "--from",
+        dest="format",
+        required=True,
+        choices=DATA_FORMATS,
+        metavar="FORMAT",
+        help=f"source format: {', '.join(DATA_FORMATS)}",
+    ),
+    arg(
+        "--out", required=True, metavar="OUT", help="output JSONL; also writes OUT's .failures.jsonl and .summary.json"
+    ),
+    arg("--strict", action="store_true", help="exit 1 when any row fails"),
+)
+def _data_convert(args: argparse.Namespace) -> int:
+    from omni_rl.data.convert import convert, summary_table
+
+    summary = convert(args.format, args.src, args.out)
+    print(summary_table(summary))
+    return 1 if args.strict and summary["failed"] else 0
 
 
 @command(

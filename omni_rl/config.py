@@ -194,6 +194,13 @@ def _build(cls: type, value: Any, where: str, default: Any = None) -> Any:
         raise ConfigError(f"{name}: {err}") from None
 
 
+def build_section(cls: type, value: Any, where: str, default: Any = None) -> Any:
+    """A typed section ``cls`` from a mapping (keys it leaves out come from ``default``),
+    checked as a config file's sections are: unknown keys, wrong types and values
+    refused by the class are ConfigErrors naming ``where``."""
+    return _build(cls, value, where, default)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'a.b=c'`` -> (['a', 'b'], c) with c read as a YAML scalar (so typed)."""
     key, sep, raw = text.partition("=")

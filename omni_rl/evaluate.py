@@ -4,15 +4,56 @@ data source; greedy (one sample) or pass@k over k samples."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 
 import torch
 from tqdm import tqdm
 
-from omni_rl.data.dataset import MediaDataset, encode_sample
+from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
+from omni_rl.errors import OmniRLError
 from omni_rl.models.inputs import collate_prompts
+from omni_rl.preprocess.rows import RowFailure
 from omni_rl.rewards import RewardSettings, Target, score_batch
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def generate_answers(
+    model,
+    processor,
+    dataset: MediaDataset,
+    sampling: SamplingParams,
+    samples: int = 1,
+    indices: list[int] | None = None,
+    batch_prompts: int = 8,
+    progress: bool = True,
+) -> tuple[list[tuple[Sample, list[str]]], list[RowFailure]]:
+    """``samples`` completions for each row of ``dataset`` (or of ``indices``), and a
+    failure (file, row, reason) for every row that could not be used: skipped by the
+    config, or with unreadable media. The first failure is logged; all are returned."""
+    engine = HFRolloutEngine(model, processor)
+    pad = processor.tokenizer.pad_token_id
+    indices = list(range(len(dataset))) if indices is None else indices
+    answered, failures = [], []
+    for start in tqdm(range(0, len(indices), batch_prompts), desc="eval", unit="batch", disable=not progress):
+        rows = []
+        for i in indices[start : start + batch_prompts]:
+            try:
+                rows.append(dataset[i])
+            except OmniRLError as err:
+                row = dataset.rows[i]
+                if not failures:
+                    log.warning("%s (more such rows are counted, not logged)", err)
+                failures.append(RowFailure(row.id, row.source, str(err)))
+        if not rows:
+            continue
+        inputs = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
+        with torch.no_grad():
+            texts = engine.generate(inputs, samples, sampling).texts
+        answered += [(s, texts[i * samples : (i + 1) * samples]) for i, s in enumerate(rows)]
+    return answered, failures
 
 
 def evaluate(
@@ -28,23 +69,20 @@ def evaluate(
 ) -> dict:
     """Score ``samples`` completions per row (greedy when 1); a row's accuracy is its
     best completion's (pass@k for k > 1). Returns accuracy, per_type, per_source, rows."""
-    engine = HFRolloutEngine(model, processor)
     sampling = SamplingParams(temperature=0.0 if samples == 1 else temperature, max_new_tokens=max_new_tokens)
-    pad = processor.tokenizer.pad_token_id
+    answered, failures = generate_answers(
+        model, processor, dataset, sampling, samples, batch_prompts=batch_prompts, progress=progress
+    )
+    rows = [sample for sample, _ in answered]
+    texts = [text for _, group in answered for text in group]
+    targets = [Target(s.answer, s.options, s.fields) for s in rows for _ in range(samples)]
+    types = [s.problem_type for s in rows for _ in range(samples)]
+    results = score_batch(types, texts, targets, settings)
     per_row = []
-    indices = list(range(len(dataset)))
-    for start in tqdm(range(0, len(indices), batch_prompts), desc="eval", unit="batch", disable=not progress):
-        rows = [dataset[i] for i in indices[start : start + batch_prompts]]
-        inputs = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
-        with torch.no_grad():
-            rollouts = engine.generate(inputs, samples, sampling)
-        targets = [Target(s.answer, s.options, s.fields) for s in rows for _ in range(samples)]
-        types = [s.problem_type for s in rows for _ in range(samples)]
-        results = score_batch(types, rollouts.texts, targets, settings)
-        for i, sample in enumerate(rows):
-            best = max(r.accuracy for r in results[i * samples : (i + 1) * samples])
-            per_row.append((sample.problem_type, sample.data_source or "unknown", best))
-    return summarize(per_row, samples)
+    for i, sample in enumerate(rows):
+        best = max(r.accuracy for r in results[i * samples : (i + 1) * samples])
+        per_row.append((sample.problem_type, sample.data_source or "unknown", best))
+    return {**summarize(per_row, samples), "skipped_rows": len(failures)}
 
 
 def summarize(per_row: list[tuple[str, str, float]], samples: int) -> dict:

@@ -1,4 +1,5 @@
-"""Choice problems: multiple_choice (a letter, or an option's text) and boolean."""
+"""Choice problems: multiple_choice (a letter, or an option's text), choice_text (the
+option's text only, as R1-AQA scores audio QA) and boolean."""
 
 from __future__ import annotations
 
@@ -87,6 +88,27 @@ def multiple_choice(prediction: str, target: Target) -> tuple[float, dict]:
     letter = parse_choice(prediction, target.options)
     gold = gold_letter(target)
     return float(letter == gold), {"predicted": letter, "gold": gold}
+
+
+def gold_text(target: Target) -> str:
+    """The gold option's text (normalized): the answer given as a letter or as text."""
+    texts = _option_texts(target.options)
+    if not texts:
+        raise ValueError("choice_text needs the row's options")
+    return texts[LETTERS.index(gold_letter(target))]
+
+
+def _validate_choice_text(target: Target) -> None:
+    gold_text(target)
+
+
+@register("choice_text", fits=lambda p: bool(p.strip()), validate=_validate_choice_text)
+def choice_text(prediction: str, target: Target) -> tuple[float, dict]:
+    """Right when the answer is the gold option's text (case, punctuation and spacing
+    aside); a letter is not an answer here."""
+    predicted = normalize_text(OPTION_PREFIX.sub("", prediction)) if not LONE.fullmatch(prediction.strip()) else ""
+    gold = gold_text(target)
+    return float(predicted == gold), {"predicted": predicted, "gold": gold}
 
 
 TRUE = {"yes", "y", "true", "t", "1", "correct", "right", "yeah", "yep", "affirmative", "是", "对"}

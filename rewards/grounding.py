@@ -11,11 +11,10 @@ preprocessing; IoU is unchanged by scaling both boxes alike, so equal spaces nee
 
 from __future__ import annotations
 
-import json
 import math
 
 from omni_rl.rewards.base import Target, register
-from omni_rl.rewards.parsing import box_iou, interval_iou, parse_box, parse_span
+from omni_rl.rewards.parsing import box_iou, interval_iou, load_json, parse_box, parse_span, parse_time
 
 SPACES = ("pixel", "resized", "norm1", "norm1000")
 MAX_JSON_CHARS = 100_000
@@ -114,18 +113,15 @@ def spatial_grounding(prediction: str, target: Target) -> tuple[float, dict]:
 
 
 def _load(value):
-    if isinstance(value, str):
-        text = value.strip()[:MAX_JSON_CHARS]
-        try:
-            return json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    return value
+    """A JSON answer as a value (code fence allowed); a non-string is already one."""
+    return load_json(value, MAX_JSON_CHARS) if isinstance(value, str) else value
 
 
 def parse_track(value) -> dict[float, tuple] | None:
     """Boxes by timestamp from ``{"boxes": {"1.0": box, ...}}``, ``{"1.0": box}`` or
-    ``[{"time": 1.0, "box": box}, ...]``; timestamps rounded to 0.01 s."""
+    ``[{"time": 1.0, "box": box}, ...]`` (``timestamp`` or ``t`` for ``time``); a box in
+    any shape parse_box reads, a timestamp in any parse_time reads, rounded to 0.01 s.
+    A timestamp whose box is unreadable or ambiguous is left out."""
     value = _load(value)
     if isinstance(value, dict) and "boxes" in value:
         value = value["boxes"]
@@ -136,17 +132,13 @@ def parse_track(value) -> dict[float, tuple] | None:
         for entry in value:
             if isinstance(entry, dict):
                 t = next((entry[k] for k in ("time", "timestamp", "t") if k in entry), None)
-                box = next((entry[k] for k in ("box", "bbox", "bbox_2d") if k in entry), None)
-                items.append((t, box))
+                items.append((t, entry))  # parse_box finds the entry's box key, or its one box
     track = {}
     for t, box in items:
-        try:
-            seconds = round(float(t), 2)
-        except (TypeError, ValueError):
-            continue
+        seconds = parse_time(t)
         parsed = parse_box(box)
-        if parsed is not None and math.isfinite(seconds):
-            track[seconds] = parsed
+        if parsed is not None and seconds is not None and math.isfinite(seconds):
+            track[round(seconds, 2)] = parsed
     return track or None
 
 

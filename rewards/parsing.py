@@ -46,20 +46,38 @@ NUMBER = re.compile(
     r"(?<![\w.])([-+−]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d{1,4}))?(?:\s*/\s*(\d+))?\s*(%)?"
     r"|(?<![\w.])([-+−]?)\.(\d+)"
 )
+# A whole word: "someone" and "twenty-one" hold none.
+NUMBER_WORD = re.compile(r"(?<![\w-])(" + "|".join(NUMBER_WORDS) + r")(?![\w-])", re.IGNORECASE)
 MAX_NUMBER_TEXT = 5_000
 
 
+def _last_number_word(text: str) -> tuple[int, float | None] | None:
+    """(position, value) of the last number word in ``text``, or None when there is
+    none. Its value is None when another number word precedes it with only spaces
+    between ("twenty one"): words past twenty are not read, not misread as one."""
+    words = list(NUMBER_WORD.finditer(text))
+    if not words:
+        return None
+    last = words[-1]
+    if len(words) > 1 and not text[words[-2].end() : last.start()].strip():
+        return last.start(), None
+    return last.start(), float(NUMBER_WORDS[last.group(1).lower()])
+
+
 def parse_number(text: str) -> float | None:
-    """The last number in ``text`` ("1,234.5", "45%", "3.2e5", "3/4", "-2", "seven"),
-    or None when there is none or it is not finite. Percent signs are dropped: "45%"
-    reads as 45."""
+    """The last number in ``text``, written in digits ("1,234.5", "45%", "3.2e5", "3/4",
+    "-2", "about 4 meters") or as a word from zero to twenty ("seven", "There are three
+    chairs."); None when there is none or it is not finite. Percent signs are dropped:
+    "45%" reads as 45."""
     if text is None:
         return None
     text = str(text)[-MAX_NUMBER_TEXT:].strip()
     matches = list(NUMBER.finditer(text))
+    word = _last_number_word(text)
+    if word is not None and (not matches or word[0] > matches[-1].start()):
+        return word[1]
     if not matches:
-        word = text.lower().strip(" .!")
-        return float(NUMBER_WORDS[word]) if word in NUMBER_WORDS else None
+        return None
     m = matches[-1]
     if m.group(8) is not None:  # ".5"
         sign = -1 if m.group(7) in ("-", "−") else 1
@@ -100,10 +118,67 @@ def normalize_text(text: str, *, lower: bool = True, punctuation: bool = True, s
     return text
 
 
+# ------------------------------------------------------------ answers in JSON or brackets
+
+PLAIN_NUMBER = r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)"
+MAX_NESTING = 6  # JSON levels searched for a box or span; deeper answers are not read
+
+
+def load_json(text: str, limit: int = MAX_NUMBER_TEXT) -> dict | list | None:
+    """The JSON object or array ``text`` holds, a Markdown code fence around it allowed
+    (```json ... ```, as Qwen2.5-VL writes); None for anything else."""
+    text = text[:limit].strip()
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
+        language, _, body = text[3:-3].partition("\n")
+        text = (body if language.strip().isalpha() or not language.strip() else text[3:-3]).strip()
+    if text[:1] not in ("[", "{"):
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # ValueError also covers integers past 4300 digits
+        return None
+    return value if isinstance(value, (dict, list)) else None
+
+
+def as_float(value) -> float | None:
+    """A JSON number or a numeric string as a float (maybe not finite); None for
+    anything else, booleans included."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _numbers(values, count: int) -> tuple[float, ...] | None:
+    """``values`` as floats when it is a list of exactly ``count`` numbers."""
+    if not isinstance(values, (list, tuple)) or len(values) != count:
+        return None
+    floats = tuple(as_float(v) for v in values)
+    return None if any(v is None for v in floats) else floats
+
+
+def _only(candidates) -> tuple | None:
+    """The one distinct candidate that is not None; None when there are none or several
+    different ones (repeats of one value count once)."""
+    found = {c for c in candidates if c is not None}
+    return found.pop() if len(found) == 1 else None
+
+
+def _bracketed(text: str, pattern: re.Pattern) -> set[tuple[float, ...]]:
+    """The distinct bracketed groups of numbers ``pattern`` finds in ``text``."""
+    return {tuple(float(g) for g in m.groups()) for m in pattern.finditer(text)}
+
+
 # ------------------------------------------------------------------------ time spans
 
 CLOCK = re.compile(r"(?<![\d:])(?:(\d{1,2}):)?(\d{1,2}):(\d{2}(?:\.\d+)?)(?![\d:])")
-SECONDS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])")
+# seconds, with an optional unit glued on ("5s", "5sec"); not part of "1.2.3" or "5th"
+SECONDS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:s|secs?)?(?!\w|\.\d)")
+BRACKETED_SPAN = re.compile(rf"[\[(]\s*({PLAIN_NUMBER})\s*,\s*({PLAIN_NUMBER})\s*[\])]")
+SPAN_PAIRS = (("start", "end"), ("start_time", "end_time"))
+SPAN_KEYS = ("time", "timestamp", "timestamps", "span", "segment")
 
 
 def _seconds_values(text: str) -> list[float]:
@@ -120,32 +195,66 @@ def _seconds_values(text: str) -> list[float]:
     return [v for _, v in sorted(values)]
 
 
+def parse_time(value) -> float | None:
+    """One time in seconds: a number, or text holding exactly one time ("12.5", "5s",
+    "01:05"); None otherwise."""
+    seconds = as_float(value)
+    if seconds is None and isinstance(value, str):
+        times = _seconds_values(value[:MAX_NUMBER_TEXT])
+        seconds = times[0] if len(times) == 1 else None
+    return seconds
+
+
+def _text_span(text: str) -> tuple[float, float] | None:
+    """Two times from free text: the one bracketed pair ("[s, e]"), or else all the
+    text's times when there are exactly two ("from 1s to 5s", "00:10 - 00:20")."""
+    text = text[:MAX_NUMBER_TEXT]
+    bracketed = _bracketed(text, BRACKETED_SPAN)
+    if bracketed:
+        return _only(bracketed)
+    times = _seconds_values(text)
+    return (times[0], times[1]) if len(times) == 2 else None
+
+
+def _find_span(value, nesting: int) -> tuple[float, float] | None:
+    """The one span in a JSON value (unvalidated): ``[s, e]``, ``[[s, e]]``, an object
+    with start/end or start_time/end_time, or one of SPAN_KEYS holding a span."""
+    if nesting < 0:
+        return None
+    if isinstance(value, dict):
+        for start, end in SPAN_PAIRS:
+            if start in value and end in value:
+                times = parse_time(value[start]), parse_time(value[end])
+                return None if None in times else times
+        key = next((k for k in SPAN_KEYS if k in value), None)
+        return None if key is None else _find_span(value[key], nesting - 1)
+    if not isinstance(value, (list, tuple)):
+        return None
+    if len(value) == 2 and not any(isinstance(v, (list, tuple, dict)) for v in value):
+        times = parse_time(value[0]), parse_time(value[1])
+        return None if None in times else times
+    return _only(_find_span(v, nesting - 1) for v in value)
+
+
 def parse_span(value) -> tuple[float, float] | None:
-    """A [start, end] time span in seconds from ``[s, e]``, ``{"time": [s, e]}``,
-    "from s to e seconds", "s-e", "mm:ss to mm:ss"; None if unreadable or end < start."""
+    """A [start, end] time span in seconds, or None.
+
+    Accepted: ``[s, e]`` (numbers or time strings such as "01:05"); a list holding one
+    span (``[[s, e]]``; repeats of it count once); an object with ``start``/``end``,
+    ``start_time``/``end_time``, or ``time``/``timestamp``/``timestamps``/``span``/
+    ``segment`` holding a span; such JSON inside a code fence; text with one bracketed
+    pair or exactly two times ("from 2 to 4 seconds", "1 - 5 seconds", "from 1s to 5s",
+    "mm:ss to mm:ss"). Refused: several different spans, text with other than two
+    times and no single bracketed pair, end < start, a negative or non-finite start.
+    """
     if isinstance(value, str):
-        text = value.strip()[:MAX_NUMBER_TEXT]
-        if text[:1] in "[{":
-            try:
-                return parse_span(json.loads(text))
-            except (json.JSONDecodeError, RecursionError):
-                pass
-        numbers = _seconds_values(text)
-        span = numbers[:2] if len(numbers) >= 2 else None
-    elif isinstance(value, dict):
-        span = value.get("time") or value.get("span") or value.get("timestamps")
-        return parse_span(span) if span is not None else None
-    elif isinstance(value, (list, tuple)) and len(value) == 2:
-        span = value
+        loaded = load_json(value)
+        span = _text_span(value) if loaded is None else _find_span(loaded, MAX_NESTING)
     else:
+        span = _find_span(value, MAX_NESTING)
+    if span is None or not all(math.isfinite(v) for v in span) or span[1] < span[0] or span[0] < 0:
         return None
-    try:
-        start, end = float(span[0]), float(span[1])
-    except (TypeError, ValueError, IndexError):
-        return None
-    if not (math.isfinite(start) and math.isfinite(end)) or end < start or start < 0:
-        return None
-    return start, end
+    return span
 
 
 def interval_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
@@ -159,37 +268,71 @@ def interval_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
 
 # ----------------------------------------------------------------------------- boxes
 
-BOX_NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?")
+# a number standing alone: the digits of "x1" and "y2" are names, not coordinates
+BOX_NUMBER = re.compile(rf"(?<![\w.]){PLAIN_NUMBER}")
+BRACKETED_BOX = re.compile(rf"[\[(]\s*({PLAIN_NUMBER})" + rf"\s*,\s*({PLAIN_NUMBER})" * 3 + r"\s*[\])]")
+BOX_KEYS = ("bbox_2d", "bbox", "box", "boxes")
+CORNER_KEYS = ("x1", "y1", "x2", "y2")
+# Objects searched for a box under keys other than BOX_KEYS: the answer's own values
+# ({"person": box}) and one level down ({"answer": {"person": box}}).
+OTHER_KEY_LEVELS = 2
+
+
+def _text_box(text: str) -> tuple[float, ...] | None:
+    """Four numbers from free text: the one bracketed group of four ("[x1, y1, x2, y2]"),
+    or else all the text's numbers when there are exactly four ("(x1,y1),(x2,y2)",
+    "x1=0, y1=0, x2=10, y2=10")."""
+    text = text[:MAX_NUMBER_TEXT]
+    bracketed = _bracketed(text, BRACKETED_BOX)
+    if bracketed:
+        return _only(bracketed)
+    numbers = BOX_NUMBER.findall(text)
+    return tuple(float(n) for n in numbers) if len(numbers) == 4 else None
+
+
+def _find_box(value, nesting: int, levels: int) -> tuple[float, ...] | None:
+    """The one box-shaped value in a JSON value (unvalidated): four numbers, a list of
+    them, an object with one of BOX_KEYS or CORNER_KEYS, or an object whose values
+    (``levels`` objects deep) hold one box under any key; None for none or several."""
+    if nesting < 0:
+        return None
+    if isinstance(value, (list, tuple)):
+        box = _numbers(value, 4)
+        return box if box is not None else _only(_find_box(v, nesting - 1, levels) for v in value)
+    if not isinstance(value, dict):
+        return None
+    key = next((k for k in BOX_KEYS if k in value), None)
+    if key is not None:
+        return _find_box(value[key], nesting - 1, levels)
+    if all(k in value for k in CORNER_KEYS):
+        return _numbers([value[k] for k in CORNER_KEYS], 4)
+    if levels == 0:
+        return None
+    return _only(_find_box(v, nesting - 1, levels - 1) for v in value.values())
 
 
 def parse_box(value) -> tuple[float, float, float, float] | None:
-    """An [x1, y1, x2, y2] box from a list, a dict with ``bbox``/``bbox_2d``/``box``, or
-    text holding four numbers; None when unreadable or degenerate (x2 < x1 or y2 < y1)."""
+    """An [x1, y1, x2, y2] box, or None.
+
+    Accepted: a list of four numbers; a list holding one box (``[[...]]``,
+    ``[{"bbox_2d": [...], "label": "cat"}]``; repeats of one box count once); an object
+    with ``bbox_2d``/``bbox``/``box``/``boxes`` holding a box, or with ``x1``..``y2``;
+    an object whose only box sits under any other key, among its values or one level
+    down (``{"person": [...]}``, ``{"answer": {"bbox": [...]}}``); such JSON inside a
+    code fence; text with one bracketed group of four numbers or exactly four numbers.
+    Refused: several different boxes (a degenerate one counts), degenerate (x2 < x1 or
+    y2 < y1) or non-finite boxes, lists of other than four numbers, x/y/width/height
+    objects (corner or centre is not said), text with other than four numbers and no
+    single bracketed group.
+    """
     if isinstance(value, str):
-        text = value.strip()[:MAX_NUMBER_TEXT]
-        if text[:1] in "[{":
-            try:
-                return parse_box(json.loads(text))
-            except (json.JSONDecodeError, RecursionError):
-                pass
-        numbers = BOX_NUMBERS.findall(text)
-        value = numbers[:4] if len(numbers) >= 4 else None
-    if isinstance(value, dict):
-        for key in ("bbox_2d", "bbox", "box"):
-            if key in value:
-                return parse_box(value[key])
+        loaded = load_json(value)
+        box = _text_box(value) if loaded is None else _find_box(loaded, MAX_NESTING, OTHER_KEY_LEVELS)
+    else:
+        box = _find_box(value, MAX_NESTING, OTHER_KEY_LEVELS)
+    if box is None or not all(math.isfinite(v) for v in box) or box[2] < box[0] or box[3] < box[1]:
         return None
-    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], (list, tuple, dict)):
-        return parse_box(value[0])
-    if not isinstance(value, (list, tuple)) or len(value) != 4:
-        return None
-    try:
-        x1, y1, x2, y2 = (float(v) for v in value)
-    except (TypeError, ValueError):
-        return None
-    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)) or x2 < x1 or y2 < y1:
-        return None
-    return x1, y1, x2, y2
+    return box
 
 
 def box_iou(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:

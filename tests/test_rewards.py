@@ -26,6 +26,7 @@ from omni_rl.rewards import (
 CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "reward_cases.jsonl").read_text().splitlines()]
 TYPES = [
     "multiple_choice",
+    "choice_text",
     "numerical",
     "regression",
     "counting",
@@ -73,6 +74,7 @@ def test_total_is_the_weighted_sum_and_weights_are_overridable():
 def test_an_empty_answer_never_earns_accuracy(problem_type):
     answers = {
         "multiple_choice": "A",
+        "choice_text": "left",
         "numerical": 0,
         "regression": 0,
         "counting": 0,
@@ -85,8 +87,9 @@ def test_an_empty_answer_never_earns_accuracy(problem_type):
         "spatio_temporal_grounding": {"time": [0, 1], "boxes": {"0": [0, 0, 1, 1]}},
         "tracking": {"0": [0, 0, 1, 1]},
     }
+    options = ["left", "right"] if problem_type == "choice_text" else None
     for response in ("<answer></answer>", "<think>x</think><answer> </answer>", "", "<think></think>"):
-        result = score(problem_type, response, answers[problem_type])
+        result = score(problem_type, response, answers[problem_type], options=options)
         assert result.accuracy == 0.0, (problem_type, response)
 
 

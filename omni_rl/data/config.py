@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from omni_rl.config import require
+
+
+@dataclass
+class EvalSetConfig:
+    """One held-out set evaluated during training: omni_rl rows, or a benchmark preset
+    run with its protocol."""
+
+    data: str = ""
+    """A JSONL/Parquet file of rows, or (with ``benchmark``) the benchmark's directory."""
+    benchmark: str | None = None
+    """A preset of ``omni-rl eval --benchmark`` (mvbench, videomme, ...); unset: rows."""
+    name: str = ""
+    """The metrics' prefix (``eval/NAME/...``); default: the preset's name or the file's stem."""
+    protocol: dict[str, Any] = field(default_factory=dict)
+    """Protocol overrides of the preset (nframes, max_new_tokens, ...)."""
+    samples: int = 1
+    """Rows: completions per row (1: greedy; K: pass@K at rollout temperature)."""
+    max_new_tokens: int = 64
+    """Rows: the longest answer."""
+    limit: int = 0
+    """Evaluate only the first this many usable rows (0: all)."""
+
+    def __post_init__(self):
+        require(bool(self.data), "data", "name the rows file or the benchmark's directory")
+        require(self.samples >= 1, "samples", "must be >= 1")
+        require(self.limit >= 0, "limit", "must be >= 0")
+        if self.benchmark is not None:
+            from omni_rl.benchmarks import BENCHMARKS
+
+            require(self.benchmark in BENCHMARKS, "benchmark", f"known presets: {', '.join(BENCHMARKS.names())}")
+            BENCHMARKS.get(self.benchmark).protocol.overridden(self.protocol)
+        else:
+            require(not self.protocol, "protocol", "applies to a benchmark preset only")
+        if not self.name:
+            self.name = self.benchmark or Path(self.data).stem
 
 
 @dataclass
@@ -14,9 +50,9 @@ class DataConfig:
 
     train: str = ""
     """A JSONL or Parquet dataset (media paths relative to its folder)."""
-    eval: str | None = None
-    """A held-out dataset to evaluate during training; not wired yet (an error when
-    set): evaluate a run's checkpoints with ``omni-rl eval``."""
+    eval: list[EvalSetConfig] = field(default_factory=list)
+    """Held-out sets evaluated every ``trainer.eval_every`` steps and at the end (rows
+    or benchmark presets); each logs ``eval/NAME/METRIC`` beside the training metrics."""
     cache: str | None = None
     """A cache made by ``omni-rl preprocess`` with the same media settings."""
     cache_mode: Literal["prefer_cache", "cache_only", "no_cache"] = "prefer_cache"
@@ -32,9 +68,19 @@ class DataConfig:
 
     def __post_init__(self):
         require(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
-        require(
-            self.eval is None,
-            "eval",
-            "not wired yet: held-out evaluation during training arrives with the benchmarks work; "
-            "run omni-rl eval --model OUTPUT_DIR/checkpoints/step-N/model --data FILE after training",
-        )
+        names = [e.name for e in self.eval]
+        require(len(names) == len(set(names)), "eval", f"two eval sets share a name ({names}); set name:")
+
+
+def check_eval(data: DataConfig, trainer) -> None:
+    """``trainer.best_metric`` must name one of ``data.eval``'s sets."""
+    best = trainer.best_metric
+    if best is None:
+        return
+    names = [e.name for e in data.eval]
+    name = best.split("/")[1] if best.count("/") >= 2 else ""
+    require(
+        name in names,
+        "trainer.best_metric",
+        f"'{best}' names no eval set; data.eval has {names or 'none'} (eval/NAME/METRIC)",
+    )

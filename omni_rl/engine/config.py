@@ -38,6 +38,11 @@ class TrainerConfig:
     """Write a checkpoint every this many steps (0: only at the end)."""
     keep_last: int = 2
     """Checkpoints kept on disk."""
+    eval_every: int = 0
+    """Evaluate the ``data.eval`` sets every this many steps (0: only at the end)."""
+    best_metric: str | None = None
+    """Keep the model that scored highest on this eval metric (``eval/NAME/METRIC``, as
+    logged) in ``OUTPUT_DIR/best/model``; unset: keep no best."""
     precision: Precision = "auto"
     """fp32; bf16-mixed (fp32 master weights and optimizer state, bf16 compute, fp32
     gradient reduction); bf16-pure (bf16 weights stepped in place: an update smaller
@@ -66,6 +71,12 @@ class TrainerConfig:
         require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
         require(self.save_every >= 0, "save_every", "must be >= 0")
         require(self.keep_last >= 1, "keep_last", "must be >= 1")
+        require(self.eval_every >= 0, "eval_every", "must be >= 0")
+        require(
+            self.best_metric is None or self.best_metric.startswith("eval/"),
+            "best_metric",
+            "an eval metric as logged: eval/NAME/METRIC",
+        )
         require(self.micro_batch_size >= 0, "micro_batch_size", "must be >= 0")
         require(self.max_tokens_per_microbatch >= 0, "max_tokens_per_microbatch", "must be >= 0")
         require(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")

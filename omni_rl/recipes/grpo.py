@@ -25,7 +25,7 @@ from omni_rl.algorithms.correction import (
 )
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
-from omni_rl.data.dataset import Sample, encode_sample
+from omni_rl.data.dataset import Sample, SkippedRow, encode_sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
@@ -43,6 +43,7 @@ from omni_rl.recipes.common import (
     start_run,
 )
 from omni_rl.recipes.grpo_config import GRPOConfig
+from omni_rl.recipes.heldout import HeldOut
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout import build_engine
@@ -92,7 +93,13 @@ def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dic
         indices = sampler.next_batch(sum(needs))
         start = sum(needs[:rank])
         for offset, index in enumerate(indices[start : start + needs[rank]], start=first + start):
-            sample = dataset[index]
+            try:
+                sample = dataset[index]
+            except SkippedRow as skip:
+                if not skipped["bad_rows"]:
+                    _log.warning("%s (counted in skipped/bad_rows)", skip)
+                skipped["bad_rows"] += 1
+                continue
             inputs = encode_sample(processor, sample)
             if inputs["input_ids"].shape[1] > max_prompt:
                 skipped["prompt_too_long"] += 1
@@ -100,9 +107,10 @@ def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dic
             samples.append(sample)
             encoded.append(dict(inputs))
             seeds.append(prompt_seed(cfg.run.seed, offset, cfg.rollout.n))
-        if skipped["prompt_too_long"] > 100 * max(count, 1):
+        if skipped["prompt_too_long"] + skipped["bad_rows"] > 100 * max(count, 1):
             raise OmniRLError(
-                f"nearly every prompt exceeds the rollout engine's limit of {max_prompt} tokens "
+                f"nearly every prompt is skipped: {skipped['prompt_too_long']} exceed the rollout engine's limit "
+                f"of {max_prompt} tokens, {skipped['bad_rows']} rows cannot be used "
                 f"(rollout.max_prompt_length={cfg.rollout.max_prompt_length})"
             )
 
@@ -269,6 +277,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     load_plugins(cfg.rewards.custom)
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     dataset, sampler = setup_data(cfg)
+    heldout = HeldOut.for_run(cfg, run.out, model_dir(cfg, run.out))
     total = cfg.trainer.steps * _updates_per_step(cfg)
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
     if reference is not None:
@@ -283,7 +292,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     row: dict = {}
     for step in bar:
         timer = Timer()
-        skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}
+        skipped = {"prompt_too_long": 0, "bad_rows": 0, "groups_filtered": 0, "sampling_rounds": 0}
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
         batch, rollouts, results, rewards = _collect(
@@ -323,7 +332,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **distributed.sum_counts(dataset.cache_metrics()),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
-        log.log(row, force=step + 1 == cfg.trainer.steps)
+        evaluated = heldout.add_to(row, engine, processor)
+        log.log(row, force=evaluated or step + 1 == cfg.trainer.steps)
         bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{row['time/step']:.1f}")
         # CHECKPOINT
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from omni_rl.config import require
-from omni_rl.data.config import DataConfig
+from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
@@ -105,3 +105,11 @@ class GRPOConfig:
     """Steps, clipping, checkpoints."""
     optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-6))
     """The optimizer."""
+
+    def __post_init__(self):
+        check_eval(self.data, self.trainer)
+        require(
+            not (self.media.use_audio_in_video and self.rollout.engine == "vllm"),
+            "media.use_audio_in_video",
+            "videos heard with their sound are not sent to vLLM yet; use rollout.engine: hf",
+        )

@@ -7,14 +7,17 @@ on the target tokens only.
 
 from __future__ import annotations
 
-from omni_rl.data.dataset import Sample, encode_sample
+import logging
+
+from omni_rl.data.dataset import Sample, SkippedRow, encode_sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
-from omni_rl.models.forward import reset_rope_deltas, text_positions
+from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion, collate_prompts
 from omni_rl.recipes.common import (
     Timer,
+    model_dir,
     pack_by_tokens,
     per_rank,
     resume_steps,
@@ -23,7 +26,10 @@ from omni_rl.recipes.common import (
     setup_model,
     start_run,
 )
+from omni_rl.recipes.heldout import HeldOut
 from omni_rl.recipes.sft_config import SFTConfig
+
+_log = logging.getLogger(__name__)
 
 
 def render_target(template: str, sample: Sample) -> str:
@@ -34,12 +40,20 @@ def render_target(template: str, sample: Sample) -> str:
         raise OmniRLError(f"sft.target_template field {err} is not in row '{sample.id}'") from None
 
 
-def _encode(dataset, indices, processor, cfg: SFTConfig) -> list[tuple[dict, list[int]]]:
-    """Per row: its encoded prompt (with media) and its target's token ids (+ end token)."""
+def _encode(dataset, indices, processor, cfg: SFTConfig, skipped: list[int]) -> list[tuple[dict, list[int]]]:
+    """Per row: its encoded prompt (with media) and its target's token ids (+ end token).
+    A row the config says to skip is reported once, counted in ``skipped[0]`` and left
+    out of the step."""
     tokenizer = processor.tokenizer
     rows = []
     for i in indices:
-        sample = dataset[i]
+        try:
+            sample = dataset[i]
+        except SkippedRow as skip:
+            if not skipped[0]:
+                _log.warning("%s (counted in skipped/bad_rows)", skip)
+            skipped[0] += 1
+            continue
         target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
         rows.append((dict(encode_sample(processor, sample)), tokenizer(target, add_special_tokens=False)["input_ids"]))
     return rows
@@ -68,7 +82,8 @@ def _target_nll(model, batch: dict, labels, tokens: float):
     """Summed cross-entropy of the target tokens divided by ``tokens``, the whole step's
     target count over every rank and micro-batch (transformers' ``num_items_in_batch``)."""
     reset_rope_deltas(model)
-    positions = text_positions(model, batch["attention_mask"])
+    batch = dict(batch)
+    positions, _ = explicit_positions(model, batch)
     extra = {"position_ids": positions} if positions is not None else {}
     return model(**batch, labels=labels, num_items_in_batch=tokens, **extra).loss
 
@@ -78,16 +93,20 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     run = start_run(cfg, resume)
     model, processor, _ = setup_model(cfg, run)
     dataset, sampler = setup_data(cfg)
+    heldout = HeldOut.for_run(cfg, run.out, model_dir(cfg, run.out))
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
     log, bar = resume_steps(cfg, run, engine, sampler, "sft")
     row: dict = {}
+    skipped = [0]  # rows skipped so far (media.missing_video_audio: skip)
     for step in bar:
         timer = Timer()
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
             indices = sampler.next_batch(cfg.data.prompts_per_step)[run.ranks.rank * rows : (run.ranks.rank + 1) * rows]
-            encoded = _encode(dataset, indices, processor, cfg)
+            encoded = _encode(dataset, indices, processor, cfg, skipped)
+            if not encoded:
+                raise OmniRLError(f"step {step + 1}: every row of this rank's share was skipped (see the warning)")
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
             # first with zero weight, so that sharded forwards stay in step
@@ -114,11 +133,12 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "loss/sft": loss,
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
-            **distributed.sum_counts(dataset.cache_metrics()),
+            **distributed.sum_counts({**dataset.cache_metrics(), "skipped/bad_rows": skipped[0]}),
             **engine.metrics(),
             **distributed.mean_metrics(timer.metrics()),
         }
-        log.log(row, force=step + 1 == cfg.trainer.steps)
+        evaluated = heldout.add_to(row, engine, processor)
+        log.log(row, force=evaluated or step + 1 == cfg.trainer.steps)
         bar.set_postfix(loss=f"{row['loss/sft']:.3f}")
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omni_rl.data.config import DataConfig
+from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
@@ -39,3 +39,6 @@ class SFTConfig:
     """Steps, clipping, checkpoints."""
     optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-5))
     """The optimizer."""
+
+    def __post_init__(self):
+        check_eval(self.data, self.trainer)

@@ -1,0 +1,238 @@
+"""What a benchmark preset is: its protocol, how it reads the published files into
+rows, how it writes the prompt, and how it turns per-row scores into its metrics.
+
+A preset reads the benchmark's files as distributed (a local directory; nothing is
+downloaded) into rows of omni_rl's schema (``id``, ``problem``, ``problem_type``,
+``answer``, ``options``, media paths, plus the benchmark's own fields, ``task`` among
+them). The same rows feed ``omni-rl eval --benchmark`` and ``omni-rl data convert``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omni_rl.config import build_section, require
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.rows import RowFailure
+from omni_rl.registry import Registry
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a benchmark is run and scored; every field can be overridden, and the
+    overrides are written into the results.
+
+    Frames come from ``nframes`` (uniform over the video) or ``fps``; pixel budgets are
+    qwen-vl-utils' (unset: the family's defaults).
+    """
+
+    nframes: int | None = 32
+    """Frames sampled uniformly per video (unset: use ``fps``)."""
+    fps: float | None = None
+    """Frames per second instead of ``nframes``."""
+    max_frames: int = 768
+    """Most frames ``fps`` may sample."""
+    video_max_pixels: int | None = None
+    """Largest frame area after resizing."""
+    video_total_pixels: int | None = None
+    """Budget over all frames of a video."""
+    max_audio_seconds: float = 30.0
+    """Audio is cut to this length."""
+    prompt: str = "{question}"
+    """The prompt template; fields: {question}, {options} (in the benchmark's style),
+    {subtitles} (Video-MME) and any field of the benchmark's rows."""
+    temperature: float = 0.0
+    """0: greedy; sampling temperature otherwise (pass@K needs > 0)."""
+    max_new_tokens: int = 16
+    """Longest answer generated."""
+    samples: int = 1
+    """Completions per question: 1 scores the one answer, K > 1 scores pass@K."""
+    answer_parser: str = "multiple_choice"
+    """The omni_rl reward type whose parser reads the answer (after <answer> tags, if
+    any): multiple_choice, choice_text, regression, temporal_grounding, ..."""
+    metric: str = "accuracy"
+    """How scores aggregate; each benchmark lists the metrics it knows."""
+
+    def __post_init__(self):
+        require((self.nframes is None) != (self.fps is None), "nframes", "set one of nframes and fps")
+        require(self.nframes is None or self.nframes >= 2, "nframes", "must be >= 2")
+        require(self.fps is None or self.fps > 0, "fps", "must be > 0")
+        require(self.samples >= 1, "samples", "must be >= 1")
+        require(self.samples == 1 or self.temperature > 0, "temperature", "pass@K needs temperature > 0")
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        if self.answer_parser != "auto":
+            from omni_rl.rewards import SCORERS
+
+            require(
+                self.answer_parser in SCORERS,
+                "answer_parser",
+                f"not a reward type; known: {', '.join(SCORERS.names())}",
+            )
+
+    def overridden(self, overrides: dict[str, Any], where: str = "protocol") -> Protocol:
+        """A copy with ``overrides`` applied, typed and checked (a ConfigError names the
+        field)."""
+        return build_section(Protocol, overrides, where, self)
+
+    def media(self, family: str) -> dict:
+        """The ``media:`` section this protocol decodes with, for ``family``."""
+        return {
+            "family": family,
+            "fps": self.fps,
+            "nframes": self.nframes,
+            "min_frames": 2 if self.fps is not None else 4,
+            "max_frames": self.max_frames,
+            "video_max_pixels": self.video_max_pixels,
+            "video_total_pixels": self.video_total_pixels,
+            "max_audio_seconds": self.max_audio_seconds,
+        }
+
+
+@dataclass
+class Reading:
+    """A benchmark's rows, read from its files: the usable ones and a failure (file,
+    row, reason) for every other one."""
+
+    rows: list[dict] = field(default_factory=list)
+    failures: list[RowFailure] = field(default_factory=list)
+
+    def fail(self, row_id: str | None, where: str, reason: str) -> None:
+        self.failures.append(RowFailure(row_id, where, reason))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One row's outcome: its score in [0, 1] (accuracy, MRA or IoU), the parsed
+    answer of its best completion (None: nothing parsable), and the row."""
+
+    row: dict
+    score: float
+    parsed: Any
+    responses: list[str]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark preset.
+
+    Attributes:
+        name: lmms-eval's task name.
+        protocol: the default protocol (lmms-eval's task settings unless noted).
+        read: ``(directory, protocol) -> Reading`` from the files as distributed.
+        aggregate: ``(scored rows, metric) -> {metric name: value}`` in lmms-eval's
+            units (percent or fraction, as its task reports).
+        metrics: the names ``protocol.metric`` may take.
+        layout: one line on the files it reads (for errors and the README).
+        score: ``(row, parsed answer, reward accuracy) -> score`` where the benchmark's
+            metric differs from the reward's (VSI-Bench's MRA); default: the accuracy.
+    """
+
+    name: str
+    protocol: Protocol
+    read: Callable[[Path, Protocol], Reading]
+    aggregate: Callable[[list[Scored], str], dict[str, float]]
+    metrics: tuple[str, ...]
+    layout: str
+    score: Callable[[dict, Any, float], float] | None = None
+
+    def load(self, directory: str | Path, protocol: Protocol) -> Reading:
+        """The benchmark's rows under ``directory``; an error naming the expected layout
+        when the directory holds none of its files."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise OmniRLError(f"{root}: no such directory (benchmark {self.name} expects {self.layout})")
+        if protocol.metric not in self.metrics:
+            raise OmniRLError(f"protocol.metric: {self.name} knows {', '.join(self.metrics)}, not '{protocol.metric}'")
+        reading = self.read(root, protocol)
+        if not reading.rows and not reading.failures:
+            raise OmniRLError(f"{root}: no {self.name} files found (expected {self.layout})")
+        return reading
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+
+def register_benchmark(benchmark: Benchmark) -> Benchmark:
+    BENCHMARKS.register(benchmark.name)(benchmark)
+    return benchmark
+
+
+# ------------------------------------------------------------------- shared helpers
+
+
+LETTERS = "ABCDEFGHIJ"
+
+
+def lettered(options: list[str], style: str = "{letter}. {text}") -> str:
+    """Options one per line, labelled A, B, ... in ``style``."""
+    return "\n".join(style.format(letter=LETTERS[i], text=text) for i, text in enumerate(options))
+
+
+def render(protocol: Protocol, row: dict, **extra) -> str:
+    """The row's prompt under the protocol; a template naming a field the rows lack is
+    an error naming the field."""
+    try:
+        return protocol.prompt.format_map({**row, "question": row["problem"], **extra})
+    except KeyError as err:
+        raise OmniRLError(f"protocol.prompt names {err}, which rows of this benchmark do not have") from None
+    except (ValueError, IndexError) as err:
+        raise OmniRLError(f"protocol.prompt {protocol.prompt!r} is not a valid format string ({err})") from None
+
+
+def media_file(root: Path, candidates: list[str]) -> Path | None:
+    """The first of ``candidates`` (paths under ``root``) that is a file."""
+    for candidate in candidates:
+        path = root / candidate
+        if path.is_file():
+            return path
+    return None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise OmniRLError(f"{path}: unreadable JSON ({err})") from None
+
+
+def read_table(path: Path) -> list[dict]:
+    """The records of a Parquet or JSONL file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as err:  # noqa: BLE001 - pyarrow raises many error types for bad files
+            raise OmniRLError(f"{path}: unreadable Parquet file ({err})") from None
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise OmniRLError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+    return records
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def grouped(scored: list[Scored], key: str) -> dict[str, list[Scored]]:
+    """Scored rows grouped by a row field, in sorted order of the field's values."""
+    groups: dict[str, list[Scored]] = {}
+    for item in scored:
+        groups.setdefault(str(item.row.get(key, "unknown")), []).append(item)
+    return dict(sorted(groups.items()))
+
+
+def accuracy(scored: list[Scored], metric: str) -> float:
+    """Percent right: over every row (``accuracy``), or over the rows whose answer
+    parsed (``accuracy_answered``, lmms-eval's MVBench and Video-MME denominator)."""
+    if metric == "accuracy_answered":
+        scored = [s for s in scored if s.parsed is not None]
+    return 100.0 * mean([s.score for s in scored])

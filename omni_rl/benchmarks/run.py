@@ -1,0 +1,201 @@
+"""Running a benchmark preset: rows from its files, answers from a model (or a file of
+saved responses), scores by the preset's parser and metric, and results shaped like
+lmms-eval's (aggregate scores per task plus one record per sample).
+
+Media go through the training path: the preset's rows are written as omni_rl rows
+(``rows.jsonl``) and read by ``MediaDataset`` with the protocol's media settings, the
+same decoder and, when given, the same cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from omni_rl.benchmarks.base import BENCHMARKS, Benchmark, Protocol, Reading, Scored
+from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.rows import RowFailure, read_rows
+from omni_rl.rewards import Target, check_targets, score_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A benchmark's rows, ready to answer: the rows file, the usable rows (by id) and
+    the rows that could not be used."""
+
+    benchmark: Benchmark
+    protocol: Protocol
+    root: Path
+    rows_file: Path
+    rows: dict[str, dict]
+    failures: list[RowFailure]
+    deviations: dict[str, int]
+
+
+def prepare(name: str, data: str | Path, out: Path, overrides: dict[str, Any] | None = None) -> Prepared:
+    """Read benchmark ``name`` from ``data`` with the protocol's ``overrides`` and write
+    its usable rows to ``out/rows.jsonl``."""
+    benchmark = BENCHMARKS.get(name)
+    protocol = benchmark.protocol.overridden(overrides or {})
+    root = Path(data).resolve()
+    reading: Reading = benchmark.load(root, protocol)
+    if protocol.answer_parser != "auto":
+        for row in reading.rows:
+            row["problem_type"] = protocol.answer_parser
+    out.mkdir(parents=True, exist_ok=True)
+    rows_file = out / "rows.jsonl"
+    rows_file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in reading.rows))
+    failures = list(reading.failures)
+    parsed, bad = read_rows(rows_file)
+    failures += bad
+    unscorable = {p.id: p for p in check_targets(parsed)}
+    failures += [
+        RowFailure(p.id, p.path, f"{p.reason} (answer_parser {protocol.answer_parser})") for p in unscorable.values()
+    ]
+    rows = {r["id"]: r for r in reading.rows if r["id"] not in unscorable and r["id"] not in {b.id for b in bad}}
+    if failures:
+        first = failures[0]
+        log.warning("%s: %d rows cannot be used, first: %s: %s", name, len(failures), first.path, first.reason)
+    deviations = {"read_whole_despite_bounds": sum(bool(r.get("read_whole_despite_bounds")) for r in rows.values())}
+    return Prepared(benchmark, protocol, root, rows_file, rows, failures, deviations)
+
+
+def answer_with_model(
+    prepared: Prepared, model, processor, family: str, cache: str | None = None, progress: bool = True
+) -> tuple[dict[str, list[str]], list[RowFailure]]:
+    """{row id: responses} from the model under the protocol, and the rows whose media
+    could not be read. Under torchrun each rank answers its share of the rows."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.engine.distributed import gather_objects, ranks
+    from omni_rl.evaluate import generate_answers
+    from omni_rl.preprocess.config import MediaConfig
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.rollout.hf import SamplingParams
+
+    protocol = prepared.protocol
+    media = MediaConfig(**protocol.media(family), media_root=str(prepared.root))
+    dataset = MediaDataset(
+        prepared.rows_file, Budgets.from_config(media), cache=cache, prompt_template="{benchmark_prompt}"
+    )
+    dataset.rows = [r for r in dataset.rows if r.id in prepared.rows]
+    sampling = SamplingParams(temperature=protocol.temperature, max_new_tokens=protocol.max_new_tokens)
+    where = ranks()
+    mine = list(range(where.rank, len(dataset), where.world_size))
+    answered, failures = generate_answers(
+        model, processor, dataset, sampling, protocol.samples, mine, progress=progress
+    )
+    answered = gather_objects([(sample.id, texts) for sample, texts in answered])
+    return dict(answered), gather_objects(failures)
+
+
+def read_predictions(path: str | Path) -> dict[str, list[str]]:
+    """{id: [response]} from a JSONL file of ``{"id", "response"}`` (several lines with
+    one id are several samples, scored as pass@K)."""
+    path = Path(path)
+    if not path.is_file():
+        raise OmniRLError(f"{path}: no such predictions file")
+    out: dict[str, list[str]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            out.setdefault(str(record["id"]), []).append(str(record["response"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise OmniRLError(f'{path}:{number}: expected {{"id": ..., "response": ...}} ({err})') from None
+    return out
+
+
+def score(prepared: Prepared, answers: dict[str, list[str]]) -> list[Scored]:
+    """Each answered row scored by the protocol's parser: the best of its responses."""
+    benchmark, ids = prepared.benchmark, [i for i in prepared.rows if i in answers]
+    flat = [(row_id, text) for row_id in ids for text in answers[row_id]]
+    rows = [prepared.rows[row_id] for row_id, _ in flat]
+    results = score_batch(
+        [r["problem_type"] for r in rows],
+        [text for _, text in flat],
+        [Target(r["answer"], r.get("options"), r) for r in rows],
+    )
+    best: dict[str, Scored] = {}
+    for (row_id, _), row, result in zip(flat, rows, results, strict=True):
+        parsed = result.details.get("predicted")
+        value = benchmark.score(row, parsed, result.accuracy) if benchmark.score else result.accuracy
+        if row_id not in best or value > best[row_id].score:
+            best[row_id] = Scored(row, value, parsed, answers[row_id])
+    return [best[row_id] for row_id in ids]
+
+
+def results(prepared: Prepared, scored: list[Scored], failures: list[RowFailure], config: dict) -> dict:
+    """lmms-eval's results layout (results, configs, n-samples, higher_is_better,
+    config) plus the rows that could not be scored and why."""
+    name, protocol = prepared.benchmark.name, prepared.protocol
+    aggregate = prepared.benchmark.aggregate(scored, protocol.metric)
+    failed = prepared.failures + failures
+    original = len(prepared.rows) + len(prepared.failures)
+    unanswered = len(prepared.rows) - len(scored) - len(failures)
+    return {
+        "results": {name: {"alias": name, **{f"{k},none": v for k, v in aggregate.items()}, "rows,none": len(scored)}},
+        "configs": {
+            name: {
+                "task": name,
+                "dataset_path": str(prepared.root),
+                "layout": prepared.benchmark.layout,
+                "protocol": dataclasses.asdict(protocol),
+                "overrides": config.get("overrides", {}),
+            }
+        },
+        "n-samples": {name: {"original": original, "effective": len(scored)}},
+        "higher_is_better": {name: {k: True for k in aggregate}},
+        "config": config,
+        "skipped": {
+            "count": len(failed),
+            "unanswered": unanswered,
+            "rows": [{"id": f.id, "path": f.path, "reason": f.reason} for f in failed],
+        },
+        "deviations": prepared.deviations,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def sample_records(scored: list[Scored], metric: str) -> list[dict]:
+    """One lmms-eval-like record per scored row."""
+    return [
+        {
+            "doc_id": i,
+            "id": s.row["id"],
+            "task": s.row.get("task"),
+            "target": s.row["answer"],
+            "input": s.row.get("benchmark_prompt"),
+            "resps": [s.responses],
+            "filtered_resps": [s.parsed],
+            metric: s.score,
+        }
+        for i, s in enumerate(scored)
+    ]
+
+
+def write(out: Path, summary: dict, scored: list[Scored], metric: str) -> Path:
+    """``out/results.json`` and ``out/samples_<task>.jsonl``; returns the results path."""
+    name = next(iter(summary["results"]))
+    path = out / "results.json"
+    path.write_text(json.dumps(summary, indent=2, default=str))
+    lines = [json.dumps(r, ensure_ascii=False, default=str) for r in sample_records(scored, metric)]
+    (out / f"samples_{name}.jsonl").write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def table(summary: dict) -> str:
+    """The aggregate scores, one per line, and how many rows they cover."""
+    name, scores = next(iter(summary["results"].items()))
+    counts = summary["n-samples"][name]
+    lines = [
+        f"{name}: {counts['effective']} of {counts['original']} rows scored ({summary['skipped']['count']} skipped)"
+    ]
+    lines += [f"  {key.removesuffix(',none'):<48}{value:>10.3f}" for key, value in scores.items() if key != "alias"]
+    return "\n".join(lines)

@@ -1,0 +1,204 @@
+"""Benchmark presets: each reads a fixture in the benchmark's published layout, and its
+parser and metric give the hand-worked scores of saved responses; a tiny model runs
+each preset end to end."""
+
+from __future__ import annotations
+
+import json
+
+import bench_fixtures
+import pytest
+
+from omni_rl.benchmarks import BENCHMARKS
+from omni_rl.benchmarks.videomme import frame_times, parse_srt, subtitles_at
+from omni_rl.benchmarks.vsibench import mean_relative_accuracy
+from omni_rl.cli import BENCHMARK_NAMES, main
+
+
+def run_eval(name, data, out, *extra):
+    return main(["eval", "--benchmark", name, "--data", str(data), "--out", str(out), *extra])
+
+
+def scored(tmp_path, name, responses, *extra, layout=None):
+    """Score saved responses through the CLI; the results JSON and the sample records."""
+    data = tmp_path / "data"
+    (bench_fixtures.charades_sta(data, layout) if layout else bench_fixtures.BUILDERS[name](data))
+    predictions = bench_fixtures.write_predictions(tmp_path / "predictions.jsonl", responses)
+    out = tmp_path / "out"
+    assert run_eval(name, data, out, "--predictions", str(predictions), *extra) == 0
+    results = json.loads((out / "results.json").read_text())
+    samples = [json.loads(line) for line in (out / f"samples_{name}.jsonl").read_text().splitlines()]
+    return results, samples
+
+
+def metrics(results, name):
+    return {k.removesuffix(",none"): v for k, v in results["results"][name].items() if k != "alias"}
+
+
+def test_the_cli_names_every_preset():
+    assert set(BENCHMARK_NAMES) == set(BENCHMARKS.names())
+
+
+def test_mvbench_accuracy_per_task_and_both_denominators(tmp_path):
+    responses = bench_fixtures.mvbench(tmp_path / "unused")
+    results, samples = scored(tmp_path, "mvbench", responses)
+    got = metrics(results, "mvbench")
+    # action_sequence: 1 of 2 right; action_antonym: 1 of 2 (one unparsable answer)
+    assert got["accuracy/action_sequence"] == pytest.approx(50.0)
+    assert got["accuracy/action_antonym"] == pytest.approx(50.0)
+    assert got["accuracy"] == pytest.approx(50.0)
+    assert got["rows"] == 4
+    assert results["n-samples"]["mvbench"] == {"original": 6, "effective": 4}
+    reasons = {r["id"]: r["reason"] for r in results["skipped"]["rows"]}
+    assert "MISSING.mp4" in reasons["action_sequence-2"] and "not one of the candidates" in reasons["action_antonym-2"]
+    assert all(":" in r["path"] and r["path"].split(":")[0].endswith(".json") for r in results["skipped"]["rows"])
+    assert results["deviations"]["read_whole_despite_bounds"] == 2  # uncut videos with start/end
+    by_id = {s["id"]: s for s in samples}
+    assert by_id["action_sequence-0"]["target"] == "B" and by_id["action_sequence-0"]["filtered_resps"] == ["B"]
+    assert by_id["action_antonym-1"]["filtered_resps"] == [None]
+    prompt = by_id["action_sequence-0"]["input"]
+    assert prompt.startswith("Question:What happened after the person took the food?\nOption:\n(A) Ate")
+
+    # lmms-eval's denominator: answered rows only (antonym 1 of 1)
+    answered, _ = scored(tmp_path / "b", "mvbench", responses, "--set", "protocol.metric=accuracy_answered")
+    assert metrics(answered, "mvbench")["accuracy"] == pytest.approx(75.0)
+    assert answered["configs"]["mvbench"]["overrides"] == {"metric": "accuracy_answered"}
+
+
+def test_videomme_accuracy_and_breakdowns(tmp_path):
+    results, samples = scored(tmp_path, "videomme", bench_fixtures.videomme(tmp_path / "unused"))
+    got = metrics(results, "videomme")
+    assert got["accuracy"] == pytest.approx(50.0)  # "The best answer is C." right, "B" wrong
+    assert got["accuracy/duration/short"] == pytest.approx(50.0)
+    assert got["accuracy/task_type/Counting Problem"] == pytest.approx(100.0)
+    assert got["accuracy/task_type/OCR Problems"] == pytest.approx(0.0)
+    assert results["skipped"]["count"] == 1 and "missing0000" in results["skipped"]["rows"][0]["reason"]
+    prompt = samples[0]["input"]
+    assert "\nWhich decoration has the largest number?\nA. Apples.\nB. Candles." in prompt
+    assert prompt.endswith("D. The same number.\n\nAnswer with the option's letter from the given choices directly.")
+    assert "A. A. " not in prompt
+
+
+def test_videomme_subtitles_are_those_at_the_sampled_frames(tmp_path):
+    srt = '1\n00:00:00,000 --> 00:00:00,400\n<font color="white">hello</font>\n\n'
+    cues = parse_srt(srt + "2\n00:00:00,600 --> 00:00:01,000\nhidden\n")
+    assert cues == [(0.0, 0.4, "hello"), (0.6, 1.0, "hidden")]
+    # 8 frames at 4 fps, 4 sampled: frames 0, 2, 5, 7 -> 0, 0.5, 1.25, 1.75 s
+    assert frame_times(8, 4.0, 4) == [0.0, 0.5, 1.25, 1.75]
+    assert subtitles_at([*cues, (1.2, 1.3, "world")], [0.0, 0.5, 1.25, 1.75]) == "hello\nworld"
+    results, samples = scored(tmp_path, "videomme_w_subtitle", {"001-1": "C"}, "--set", "protocol.nframes=4")
+    prompt = samples[0]["input"]
+    assert prompt.startswith("This video's subtitles are listed below: \nhello\nworld\nSelect the best answer")
+    assert prompt.endswith("D. The same number.\nThe best answer is:")
+    assert results["configs"]["videomme_w_subtitle"]["protocol"]["nframes"] == 4
+
+
+def test_vsibench_mra_and_accuracy(tmp_path):
+    # |5 - 4| / 4 = 0.25 <= 1 - t for t = 0.50 ... 0.75: 6 of 10 thresholds
+    assert mean_relative_accuracy(5.0, 4.0) == pytest.approx(0.6)
+    assert mean_relative_accuracy(21.0, 20.0) == pytest.approx(1.0)  # 0.05 <= 1 - 0.95
+    assert mean_relative_accuracy(40.0, 20.0) == 0.0
+    results, samples = scored(tmp_path, "vsibench", bench_fixtures.vsibench(tmp_path / "unused"))
+    got = metrics(results, "vsibench")
+    assert got["object_counting_mra"] == pytest.approx(0.6)
+    assert got["room_size_estimation_mra"] == pytest.approx(1.0)
+    assert got["object_rel_direction_accuracy"] == pytest.approx(0.5)  # easy right, hard wrong: mean of the two
+    assert got["route_planning_accuracy"] == pytest.approx(1.0)
+    assert got["overall"] == pytest.approx((0.6 + 1.0 + 0.5 + 1.0) / 4)
+    reasons = " ".join(r["reason"] for r in results["skipped"]["rows"])
+    assert "unknown question_type 'object_weight'" in reasons and "arkitscenes/gone.mp4" in reasons
+    numeric = next(s for s in samples if s["id"] == "0")
+    post = "Please answer the question using a single word or phrase."
+    assert numeric["input"] == f"These are frames of a video.\nHow many tables?\n{post}"
+    choice = next(s for s in samples if s["id"] == "2")
+    post = "Answer with the option's letter from the given choices directly."
+    assert choice["input"].endswith(f"Left?\nOptions:\nA. chair\nB. table\nC. sofa\n{post}")
+
+
+@pytest.mark.parametrize("layout", ["txt", "parquet"])
+def test_charades_sta_miou_and_recall(tmp_path, layout):
+    responses = bench_fixtures.charades_sta(tmp_path / "unused")
+    results, _ = scored(tmp_path, "charades_sta", responses, layout=layout)
+    got = metrics(results, "charades_sta")
+    # IoUs: 1.0, and [0.5, 1.0] against [0.5, 2.0] = 0.5 / 1.5
+    assert got["mIoU"] == pytest.approx(100 * (1.0 + 1 / 3) / 2)
+    assert got["R@0.3"] == pytest.approx(100.0)
+    assert got["R@0.5"] == pytest.approx(50.0)
+    assert got["R@0.7"] == pytest.approx(50.0)
+    assert results["skipped"]["count"] == 1 and "GONE1" in results["skipped"]["rows"][0]["reason"]
+
+
+def test_mmau_letter_or_text_and_the_text_only_parser(tmp_path):
+    responses = bench_fixtures.mmau(tmp_path / "unused")
+    results, _ = scored(tmp_path, "mmau_test_mini", responses)
+    got = metrics(results, "mmau_test_mini")
+    # "A" (Man) right, "guitar" (the text of B) right, "(C)" (Angry; gold Sad) wrong
+    assert got["accuracy"] == pytest.approx(200 / 3)
+    assert got["accuracy/task/sound"] == 100.0 and got["accuracy/task/music"] == 100.0
+    assert got["accuracy/task/speech"] == 0.0 and got["accuracy/difficulty/hard"] == 0.0
+    assert "lost.wav" in results["skipped"]["rows"][0]["reason"]
+    text_only, _ = scored(tmp_path / "b", "mmau_test_mini", responses, "--set", "protocol.answer_parser=choice_text")
+    assert metrics(text_only, "mmau_test_mini")["accuracy"] == pytest.approx(100 / 3)
+
+
+def test_several_responses_per_id_score_pass_at_k(tmp_path):
+    data = tmp_path / "data"
+    responses = bench_fixtures.mmau(data)
+    lines = [{"id": k, "response": v} for k, v in responses.items()] + [{"id": "9e8d7c6b", "response": "Sad"}]
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    assert run_eval("mmau_test_mini", data, out, "--predictions", str(predictions)) == 0
+    got = metrics(json.loads((out / "results.json").read_text()), "mmau_test_mini")
+    assert got["accuracy"] == pytest.approx(100.0)
+
+
+def test_protocol_overrides_are_checked(tmp_path, capsys):
+    data = tmp_path / "data"
+    bench_fixtures.mmau(data)
+    base = ["eval", "--benchmark", "mmau_test_mini", "--data", str(data), "--predictions", str(tmp_path / "none.jsonl")]
+    assert main([*base, "--set", "protocol.nframez=4"]) == 2
+    assert "did you mean 'nframes'" in capsys.readouterr().err
+    assert main([*base, "--samples", "4"]) == 2
+    assert "temperature" in capsys.readouterr().err
+    assert main([*base, "--set", "media.fps=1"]) == 2
+    assert "only protocol fields apply" in capsys.readouterr().err
+    assert main(["eval", "--benchmark", "mvbench", "--data", str(data), "--predictions", "x"]) == 2
+    assert "no mvbench files found" in capsys.readouterr().err
+
+
+VIDEO_PRESETS = ["mvbench", "videomme", "videomme_w_subtitle", "vsibench", "charades_sta"]
+
+
+@pytest.mark.parametrize("name", [*VIDEO_PRESETS, "mmau_test_mini"])
+def test_a_tiny_model_runs_each_preset(tmp_path, tiny_checkpoint, name):
+    """The model path end to end: media decoded by the training path, answers
+    generated, results written; the aggregate equals the per-sample scores worked
+    through by hand, and re-scoring the saved answers gives the same results."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    bench_fixtures.BUILDERS[name](data)
+    model = tiny_checkpoint("qwen2_audio" if name == "mmau_test_mini" else "qwen2_5_vl")
+    args = ["eval", "--benchmark", name, "--data", str(data), "--model", str(model), "--out", str(out)]
+    assert main([*args, "--set", "protocol.nframes=4", "--max-new-tokens", "6"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    samples = [json.loads(line) for line in (out / f"samples_{name}.jsonl").read_text().splitlines()]
+    metric = results["configs"][name]["protocol"]["metric"]
+    assert results["n-samples"][name]["effective"] == len(samples) > 0
+    assert all(len(s["resps"][0]) == 1 for s in samples)
+    scores = [s[metric] for s in samples]
+    got = metrics(results, name)
+    if name == "mvbench":
+        per_task = {}
+        for s in samples:
+            per_task.setdefault(s["task"], []).append(s[metric])
+        assert got["accuracy"] == pytest.approx(sum(100 * sum(v) / len(v) for v in per_task.values()) / len(per_task))
+    elif name == "charades_sta":
+        assert got["mIoU"] == pytest.approx(100 * sum(scores) / len(scores))
+    elif name == "vsibench":
+        assert 0.0 <= got["overall"] <= 1.0
+    else:
+        assert got["accuracy"] == pytest.approx(100 * sum(scores) / len(scores))
+    saved = bench_fixtures.write_predictions(tmp_path / "saved.jsonl", {s["id"]: s["resps"][0][0] for s in samples})
+    again = tmp_path / "again"
+    assert run_eval(name, data, again, "--predictions", str(saved), "--set", "protocol.nframes=4") == 0
+    assert json.loads((again / "results.json").read_text())["results"] == results["results"]
