@@ -219,7 +219,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     arg("--samples", type=int, default=None, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
     arg("--config", metavar="FILE", help="a config whose media, data.prompt_template and rewards sections apply"),
     arg("--max-new-tokens", type=int, default=None, help="longest answer (default: 64, or the preset's)"),
-    arg("--cache", metavar="DIR", help="with --benchmark: a media cache made by omni-rl preprocess"),
+    arg("--cache", metavar="DIR", help="with --benchmark: a media cache, filled with the preset's media on first use"),
     arg(
         "--out", metavar="PATH", help="the summary JSON (a file); with --benchmark a directory (default runs/eval/NAME)"
     ),
@@ -299,7 +299,8 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
 
         device = resolve_device("auto")
         model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
-        answers, failures = run.answer_with_model(prepared, model, processor, family_of(args.model).name, args.cache)
+        family = family_of(args.model).name
+        answers, failures, config["media"] = run.answer_with_model(prepared, model, processor, family, args.cache)
     else:
         raise OmniRLError("eval --benchmark: give --model DIR or --predictions FILE")
     scored = run.score(prepared, answers)

@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
+from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.preprocess.rows import RowFailure
@@ -30,16 +31,24 @@ def generate_answers(
     batch_prompts: int = 8,
     progress: bool = True,
 ) -> tuple[list[tuple[Sample, list[str]]], list[RowFailure]]:
-    """``samples`` completions for each row of ``dataset`` (or of ``indices``), and a
-    failure (file, row, reason) for every row that could not be used: skipped by the
-    config, or with unreadable media. The first failure is logged; all are returned."""
+    """``samples`` completions for each row of ``dataset`` (or of ``indices``, this
+    rank's share under torchrun), and a failure (file, row, reason) for every row that
+    could not be used: skipped by the config, or with unreadable media. The first
+    failure is logged; all are returned.
+
+    Under torchrun every rank runs as many batches as the busiest one (sharded forwards
+    run in step): a rank with nothing left answers a copy of an earlier batch and
+    drops the answers."""
     engine = HFRolloutEngine(model, processor)
     pad = processor.tokenizer.pad_token_id
     indices = list(range(len(dataset))) if indices is None else indices
-    answered, failures = [], []
-    for start in tqdm(range(0, len(indices), batch_prompts), desc="eval", unit="batch", disable=not progress):
+    batches = [indices[s : s + batch_prompts] for s in range(0, len(indices), batch_prompts)]
+    synced = distributed.ranks().distributed
+    rounds = distributed.all_max(len(batches)) if synced else len(batches)
+    answered, failures, filler = [], [], None
+    for k in tqdm(range(rounds), desc="eval", unit="batch", disable=not progress):
         rows = []
-        for i in indices[start : start + batch_prompts]:
+        for i in batches[k] if k < len(batches) else []:
             try:
                 rows.append(dataset[i])
             except OmniRLError as err:
@@ -47,13 +56,27 @@ def generate_answers(
                 if not failures:
                     log.warning("%s (more such rows are counted, not logged)", err)
                 failures.append(RowFailure(row.id, row.source, str(err)))
-        if not rows:
+        if rows:
+            inputs = filler = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
+        elif synced:
+            inputs = filler if filler is not None else _any_prompt(dataset, processor)
+        else:
             continue
-        inputs = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
         with torch.no_grad():
             texts = engine.generate(inputs, samples, sampling).texts
         answered += [(s, texts[i * samples : (i + 1) * samples]) for i, s in enumerate(rows)]
     return answered, failures
+
+
+def _any_prompt(dataset: MediaDataset, processor) -> dict:
+    """The inputs of the first usable row (a filler batch)."""
+    for i in range(len(dataset)):
+        try:
+            sample = dataset[i]
+        except OmniRLError:
+            continue
+        return collate_prompts([dict(encode_sample(processor, sample))], processor.tokenizer.pad_token_id)
+    raise OmniRLError(f"{dataset.data}: no row of the eval set can be used")
 
 
 def evaluate(

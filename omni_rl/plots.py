@@ -26,8 +26,16 @@ DEFAULT_KEYS = (
 )
 
 
+def eval_keys(rows: list[dict]) -> list[str]:
+    """The evaluation scores logged during training (``eval/NAME/METRIC``), without
+    their row counts."""
+    keys = {k for r in rows for k in r if k.startswith("eval/") and k.count("/") >= 2}
+    return sorted(k for k in keys if k.rsplit("/", 1)[1] not in ("rows", "skipped"))
+
+
 def plot_metrics(run_dir: str | Path, out_dir: str | Path | None = None, keys=DEFAULT_KEYS) -> list[Path]:
-    """One PNG per metric present in ``run_dir/metrics.jsonl``; returns the files written."""
+    """One PNG per metric present in ``run_dir/metrics.jsonl`` (``keys`` and every
+    evaluation score); returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,7 +46,7 @@ def plot_metrics(run_dir: str | Path, out_dir: str | Path | None = None, keys=DE
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for key in keys:
+    for key in (*keys, *eval_keys(rows)):
         points = [(r["step"], r[key]) for r in rows if key in r]
         if not points:
             continue

@@ -253,11 +253,21 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
 # ------------------------------------------------------------------------------- data
 
 
-def test_data_eval_is_an_error_until_it_is_wired():
-    with pytest.raises(ConfigError, match=r"data\.eval: not wired yet: .*omni-rl eval"):
-        load_config(None, ["data.train=x.jsonl", "data.eval=y.jsonl"], recipe="grpo")
-    with pytest.raises(ConfigError, match=r"data\.eval: not wired yet"):
-        load_config(None, ["data.eval=y.jsonl"], recipe="sft")
+def test_data_eval_sets_are_checked_when_the_config_loads():
+    sets = "data.eval=[{data: held.jsonl}, {benchmark: mvbench, data: mv, protocol: {nframes: 8}}]"
+    cfg = load_config(None, [sets], recipe="grpo")
+    assert [e.name for e in cfg.data.eval] == ["held", "mvbench"]
+    assert cfg.data.eval[1].protocol == {"nframes": 8}
+    with pytest.raises(ConfigError, match=r"data\.eval\[0\]\.benchmark: known presets: .*mvbench"):
+        load_config(None, ["data.eval=[{benchmark: mvbenchh, data: mv}]"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"nframez: unknown key .*did you mean 'nframes'"):
+        load_config(None, ["data.eval=[{benchmark: mvbench, data: mv, protocol: {nframez: 8}}]"], recipe="sft")
+    with pytest.raises(ConfigError, match=r"protocol: applies to a benchmark preset only"):
+        load_config(None, ["data.eval=[{data: held.jsonl, protocol: {nframes: 8}}]"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"two eval sets share a name"):
+        load_config(None, ["data.eval=[{data: a/held.jsonl}, {data: b/held.jsonl}]"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"trainer\.best_metric: 'eval/other/accuracy' names no eval set"):
+        load_config(None, ["data.eval=[{data: held.jsonl}]", "trainer.best_metric=eval/other/accuracy"], recipe="grpo")
 
 
 def test_grpo_without_data_train_fails_when_training_starts(tmp_path, capsys):

@@ -155,7 +155,8 @@ def test_sft_on_two_processes_equals_one(tmp_path, shapes):
         raw = yaml.safe_load(grpo_config(root, shapes, strategy).read_text())
         del raw["rollout"], raw["algorithm"], raw["rewards"]
         raw["recipe"] = "sft"
-        raw["trainer"].update(steps=3, save_every=0, micro_batch_size=1)  # accumulation too
+        raw["trainer"].update(steps=3, save_every=0, micro_batch_size=1, eval_every=2)  # accumulation too
+        raw["data"]["eval"] = [{"data": str(shapes), "name": "held", "max_new_tokens": 4}]  # split across ranks
         (root / "config.yaml").write_text(yaml.safe_dump(raw))
         launch(root / "config.yaml", processes)
         runs[strategy] = root / "run"
@@ -163,6 +164,11 @@ def test_sft_on_two_processes_equals_one(tmp_path, shapes):
     assert max(float((weights(runs["single"], 3)[k] - start[k]).abs().max()) for k in start) > 1e-3
     assert_same_weights(weights(runs["single"], 3), weights(runs["fsdp"], 3))
     assert metrics(runs["single"])[-1]["loss/sft"] == pytest.approx(metrics(runs["fsdp"])[-1]["loss/sft"], abs=1e-5)
+    # the eval set is split across the ranks and gathered: every row answered once
+    rows = len(shapes.read_text().splitlines())
+    for strategy in runs:
+        evaluated = [r for r in metrics(runs[strategy]) if "eval/held/rows" in r]
+        assert [(r["step"], r["eval/held/rows"]) for r in evaluated] == [(2, rows), (3, rows)]
 
 
 def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, vowels):

@@ -28,12 +28,12 @@ def shapes(tmp_path_factory):
     return write_video_qa(tmp_path_factory.mktemp("shapes"), videos=6, seed=0, seconds=2.0)
 
 
-def tiny_config(tmp_path: Path, data: Path, **sections) -> Path:
+def tiny_config(tmp_path: Path, train: Path, **sections) -> Path:
     config = {
         "recipe": "grpo",
         "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "threads": 2},
         "model": {"tiny_family": "qwen2_5_vl"},
-        "data": {"train": str(data), "prompts_per_step": 2},
+        "data": {"train": str(train), "prompts_per_step": 2},
         "media": {
             "family": "qwen2_5_vl",
             "min_frames": 2,
@@ -341,3 +341,41 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
     assert moved > 0
     for name, value in results[0].items():
         torch.testing.assert_close(results[1][name], value, atol=1e-5, rtol=1e-5)
+
+
+def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
+    """data.eval with a rows file and a benchmark preset: eval rows at steps 2 and 4
+    (eval_every 2), written even where log_every would skip them, results per step,
+    the best model kept, and the scores in the plots."""
+    import bench_fixtures
+
+    from omni_rl.plots import plot_metrics
+
+    bench_fixtures.mvbench(tmp_path / "mvbench")
+    data = {
+        "eval": [
+            {"data": str(shapes), "name": "held", "limit": 3, "max_new_tokens": 6},
+            {"benchmark": "mvbench", "data": str(tmp_path / "mvbench"), "protocol": {"nframes": 4}},
+        ]
+    }
+    trainer = {"steps": 4, "save_every": 0, "log_every": 3, "eval_every": 2, "best_metric": "eval/held/accuracy"}
+    cfg = load_config(tiny_config(tmp_path, shapes, data=data, trainer=trainer))
+    grpo.train(cfg)
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 3, 4]
+    evaluated = {r["step"]: r for r in rows if "eval/held/accuracy" in r}
+    assert sorted(evaluated) == [2, 4]
+    for row in evaluated.values():
+        assert row["eval/held/rows"] == 3
+        assert row["eval/mvbench/rows"] == 4 and row["eval/mvbench/skipped"] == 2
+        assert 0.0 <= row["eval/mvbench/accuracy"] <= 100.0 and row["time/eval"] > 0
+    for step in (2, 4):
+        results = json.loads((run / "eval" / "mvbench" / f"step-{step}" / "results.json").read_text())
+        assert results["results"]["mvbench"]["accuracy,none"] == evaluated[step]["eval/mvbench/accuracy"]
+        assert (run / "eval" / "held" / f"step-{step}" / "results.json").is_file()
+    best = json.loads((run / "best" / "best.json").read_text())
+    scores = [evaluated[s]["eval/held/accuracy"] for s in (2, 4)]
+    assert best["value"] == max(scores) and best["step"] == (2 if scores[0] >= scores[1] else 4)
+    assert (run / "best" / "model" / "config.json").is_file()
+    assert {p.name for p in plot_metrics(run)} >= {"eval_held_accuracy.png", "eval_mvbench_accuracy.png"}

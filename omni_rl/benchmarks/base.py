@@ -218,6 +218,14 @@ def read_table(path: Path) -> list[dict]:
     return records
 
 
+def spread(items: list, limit: int) -> list:
+    """``limit`` items spread evenly over ``items`` (all of them when limit is 0 or
+    covers them), so that a subset of a benchmark keeps every task."""
+    if not limit or limit >= len(items):
+        return list(items)
+    return [items[i * len(items) // limit] for i in range(limit)]
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 

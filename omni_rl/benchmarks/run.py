@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_rl.benchmarks.base import BENCHMARKS, Benchmark, Protocol, Reading, Scored
+from omni_rl.benchmarks.base import BENCHMARKS, Benchmark, Protocol, Reading, Scored, spread
 from omni_rl.errors import OmniRLError
 from omni_rl.preprocess.rows import RowFailure, read_rows
 from omni_rl.rewards import Target, check_targets, score_batch
@@ -38,19 +38,30 @@ class Prepared:
     deviations: dict[str, int]
 
 
-def prepare(name: str, data: str | Path, out: Path, overrides: dict[str, Any] | None = None) -> Prepared:
+def prepare(
+    name: str,
+    data: str | Path,
+    out: Path,
+    overrides: dict[str, Any] | None = None,
+    write: bool = True,
+    limit: int = 0,
+) -> Prepared:
     """Read benchmark ``name`` from ``data`` with the protocol's ``overrides`` and write
-    its usable rows to ``out/rows.jsonl``."""
+    its usable rows to ``out/rows.jsonl`` (``write=False``: another process of the run
+    wrote the same file). ``limit``: keep that many rows, spread evenly over the
+    benchmark (and its tasks)."""
     benchmark = BENCHMARKS.get(name)
     protocol = benchmark.protocol.overridden(overrides or {})
     root = Path(data).resolve()
     reading: Reading = benchmark.load(root, protocol)
+    reading.rows = spread(reading.rows, limit)
     if protocol.answer_parser != "auto":
         for row in reading.rows:
             row["problem_type"] = protocol.answer_parser
-    out.mkdir(parents=True, exist_ok=True)
     rows_file = out / "rows.jsonl"
-    rows_file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in reading.rows))
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
+        rows_file.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in reading.rows))
     failures = list(reading.failures)
     parsed, bad = read_rows(rows_file)
     failures += bad
@@ -68,30 +79,34 @@ def prepare(name: str, data: str | Path, out: Path, overrides: dict[str, Any] | 
 
 def answer_with_model(
     prepared: Prepared, model, processor, family: str, cache: str | None = None, progress: bool = True
-) -> tuple[dict[str, list[str]], list[RowFailure]]:
-    """{row id: responses} from the model under the protocol, and the rows whose media
-    could not be read. Under torchrun each rank answers its share of the rows."""
+) -> tuple[dict[str, list[str]], list[RowFailure], dict]:
+    """{row id: responses} from the model under the protocol, the rows whose media could
+    not be read, and the media settings with the cache's use. With ``cache``, the rows'
+    media are first preprocessed into it (entries already there are kept), as for
+    training. Under torchrun each rank answers its share of the rows."""
     from omni_rl.data.dataset import MediaDataset
-    from omni_rl.engine.distributed import gather_objects, ranks
+    from omni_rl.engine.distributed import barrier, gather_objects, ranks, sum_counts
     from omni_rl.evaluate import generate_answers
     from omni_rl.preprocess.config import MediaConfig
-    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.preprocess.pipeline import Budgets, preprocess
     from omni_rl.rollout.hf import SamplingParams
 
-    protocol = prepared.protocol
+    protocol, where = prepared.protocol, ranks()
     media = MediaConfig(**protocol.media(family), media_root=str(prepared.root))
-    dataset = MediaDataset(
-        prepared.rows_file, Budgets.from_config(media), cache=cache, prompt_template="{benchmark_prompt}"
-    )
+    budgets = Budgets.from_config(media)
+    if cache is not None and where.is_main:
+        preprocess(prepared.rows_file, cache, budgets, progress=progress)
+    barrier()
+    dataset = MediaDataset(prepared.rows_file, budgets, cache=cache, prompt_template="{benchmark_prompt}")
     dataset.rows = [r for r in dataset.rows if r.id in prepared.rows]
     sampling = SamplingParams(temperature=protocol.temperature, max_new_tokens=protocol.max_new_tokens)
-    where = ranks()
     mine = list(range(where.rank, len(dataset), where.world_size))
     answered, failures = generate_answers(
         model, processor, dataset, sampling, protocol.samples, mine, progress=progress
     )
     answered = gather_objects([(sample.id, texts) for sample, texts in answered])
-    return dict(answered), gather_objects(failures)
+    used = {"settings": dataclasses.asdict(media), **sum_counts(dataset.cache_metrics())}
+    return dict(answered), gather_objects(failures), used
 
 
 def read_predictions(path: str | Path) -> dict[str, list[str]]:

@@ -27,7 +27,8 @@ class EvalSetConfig:
     max_new_tokens: int = 64
     """Rows: the longest answer."""
     limit: int = 0
-    """Evaluate only the first this many usable rows (0: all)."""
+    """Evaluate this many rows, spread evenly over the set (and a benchmark's tasks);
+    0: all."""
 
     def __post_init__(self):
         require(bool(self.data), "data", "name the rows file or the benchmark's directory")

@@ -444,7 +444,8 @@ def write_conversion(conversion: Conversion, src_root: Path, out: Path, progress
 
 def convert(format: str, src: str | Path, out: str | Path) -> dict:
     """Convert ``src`` from ``format`` into rows at ``out`` (see ``write_conversion``);
-    media paths in ``src`` are taken relative to its folder. Returns the summary."""
+    media paths in ``src`` are taken relative to its folder (or, for a benchmark's
+    directory, to it). Returns the summary."""
     name = FORMATS.canonical(format)
     src = Path(src)
     if Path(out).resolve() == src.resolve():
@@ -452,7 +453,8 @@ def convert(format: str, src: str | Path, out: str | Path) -> dict:
     conversion = FORMATS.get(name)(src)
     conversion.format = name
     progress = len(conversion.rows) >= PROGRESS_MIN_ROWS
-    return write_conversion(conversion, src.parent, Path(out), progress=progress)
+    root = src if src.is_dir() else src.parent  # a benchmark is a directory; a training set a file
+    return write_conversion(conversion, root, Path(out), progress=progress)
 
 
 def summary_table(summary: dict) -> str:

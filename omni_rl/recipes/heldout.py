@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from omni_rl.benchmarks.base import spread
 from omni_rl.data.config import EvalSetConfig
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.rollout.hf import SamplingParams
@@ -49,25 +50,29 @@ class HeldOut:
             else:
                 self.sets.append(self._benchmark(spec, family))
         for s in self.sets:
-            if s.spec.limit:
-                s.dataset.rows = s.dataset.rows[: s.spec.limit]
+            if s.prepared is None:
+                s.dataset.rows = spread(s.dataset.rows, s.spec.limit)
             log.info("eval set %s: %d rows (%s)", s.spec.name, len(s.dataset.rows), s.spec.data)
 
     def _benchmark(self, spec: EvalSetConfig, family: str) -> _Set:
         from omni_rl.benchmarks import run
         from omni_rl.data.dataset import MediaDataset
         from omni_rl.preprocess.config import MediaConfig
-        from omni_rl.preprocess.pipeline import Budgets
+        from omni_rl.preprocess.pipeline import Budgets, preprocess
 
         ranks = distributed.ranks()
         where = self.out / "eval" / spec.name
-        if not ranks.is_main:
-            where = where / f"rank-{ranks.rank}"
-        prepared = run.prepare(spec.benchmark, spec.data, where, spec.protocol)
+        if ranks.is_main:
+            prepared = run.prepare(spec.benchmark, spec.data, where, spec.protocol, limit=spec.limit)
+        distributed.barrier()
+        if not ranks.is_main:  # the same rows, from the file rank 0 wrote
+            prepared = run.prepare(spec.benchmark, spec.data, where, spec.protocol, write=False, limit=spec.limit)
         media = MediaConfig(**prepared.protocol.media(family), media_root=str(prepared.root))
-        dataset = MediaDataset(
-            prepared.rows_file, Budgets.from_config(media), self.cfg.data.cache, prompt_template="{benchmark_prompt}"
-        )
+        budgets, cache = Budgets.from_config(media), self.cfg.data.cache
+        if cache is not None and ranks.is_main:  # the preset's media, decoded once for every evaluation
+            preprocess(prepared.rows_file, cache, budgets)
+        distributed.barrier()
+        dataset = MediaDataset(prepared.rows_file, budgets, cache, prompt_template="{benchmark_prompt}")
         return _Set(spec, dataset, prepared)
 
     @classmethod
@@ -134,7 +139,9 @@ class HeldOut:
             where.mkdir(parents=True, exist_ok=True)
             run.write(where, summary, scored, s.prepared.protocol.metric)
         scores = summary["results"][s.prepared.benchmark.name]
-        return {k.removesuffix(",none"): v for k, v in scores.items() if k != "alias"} | {"skipped": len(failures)}
+        return {k.removesuffix(",none"): v for k, v in scores.items() if k != "alias"} | {
+            "skipped": summary["skipped"]["count"]
+        }
 
     def _score_rows(self, s: _Set, answers: dict, failures: list, step: int) -> dict:
         from omni_rl.evaluate import summarize
@@ -153,12 +160,13 @@ class HeldOut:
             source = row.fields.get("data_source") or "unknown"
             if row.id not in best or result.accuracy > best[row.id][2]:
                 best[row.id] = (row.problem_type, source, result.accuracy)
-        summary = summarize(list(best.values()), s.spec.samples) | {"skipped_rows": len(failures), "step": step}
+        skipped = len(failures) + len(s.dataset.failures)  # unreadable media, and rows refused at load
+        summary = summarize(list(best.values()), s.spec.samples) | {"skipped_rows": skipped, "step": step}
         if distributed.ranks().is_main:
             where = self.out / "eval" / s.spec.name / f"step-{step}"
             where.mkdir(parents=True, exist_ok=True)
             (where / "results.json").write_text(json.dumps(summary, indent=2))
-        flat_metrics = {"accuracy": summary["accuracy"], "rows": summary["rows"], "skipped": len(failures)}
+        flat_metrics = {"accuracy": summary["accuracy"], "rows": summary["rows"], "skipped": skipped}
         return flat_metrics | {f"accuracy/{k}": v for k, v in summary["per_type"].items()}
 
     # ------------------------------------------------------------------ best model
