@@ -3,7 +3,9 @@
 Subcommands register with ``@command("group name", ...)``; a space in the name makes a
 command group (``omni-rl config check``). Heavy imports happen inside the commands,
 so ``omni-rl --help`` is instant. A user error (``OmniRLError``) prints one line and
-exits 2; ``--debug`` shows the traceback instead.
+exits 2; ``--debug``, anywhere on the line, shows the traceback instead. A command that
+reads a config takes it as ``--config FILE`` (``train`` and ``config check|show`` also
+as their positional), and only such a command takes ``--set``.
 """
 
 from __future__ import annotations
@@ -52,40 +54,68 @@ BENCHMARK_NAMES = ("mvbench", "videomme", "videomme_w_subtitle", "vsibench", "ch
 # subtitles or not, Video-MME's rows are the same)
 DATA_FORMATS = ("video-r1", "llava-video", *(n for n in BENCHMARK_NAMES if n != "videomme_w_subtitle"))
 
-OVERRIDE = arg(
-    "--set",
-    dest="overrides",
-    action="append",
-    default=[],
-    metavar="KEY=VALUE",
-    help="override a config value, e.g. --set trainer.steps=10 (repeatable)",
-)
+
+def overrides(example: str) -> tuple[tuple, dict]:
+    """``--set KEY=VALUE`` of a command that reads a config; ``example`` is a ``--set``
+    that applies to that command (a test loads it against the command's config)."""
+    return arg(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config value (repeatable), e.g. {example}",
+    )
+
+
+def config_file(metavar: str) -> tuple[tuple[tuple, dict], ...]:
+    """The one config of a command, as its positional or as ``--config`` (see ``_config_file``)."""
+    return (
+        arg("config_file", nargs="?", metavar=metavar, help=f"the config (or --config {metavar})"),
+        arg("--config", metavar=metavar, help=f"the config, as an option (instead of the positional {metavar})"),
+    )
+
+
+def _config_file(args: argparse.Namespace, name: str, metavar: str) -> str:
+    """The config given to ``omni-rl NAME`` exactly once, as positional or ``--config``."""
+    if args.config_file and args.config:
+        raise OmniRLError(f"{name}: give the config once, as {metavar} or as --config {metavar}, not both")
+    if not (args.config_file or args.config):
+        raise OmniRLError(f"{name}: a config is required: omni-rl {name} {metavar} (or --config {metavar})")
+    return args.config_file or args.config
 
 
 @command(
     "config check",
     "validate config files against their recipe's schema",
-    arg("files", nargs="+", metavar="FILE"),
-    OVERRIDE,
+    arg("files", nargs="*", metavar="FILE", help="configs to check (or --config FILE)"),
+    arg("--config", dest="config_files", action="append", default=[], metavar="FILE", help="a config (repeatable)"),
+    overrides("--set trainer.steps=10"),
 )
 def _config_check(args: argparse.Namespace) -> int:
     from omni_rl.config import load_config, recipe_name
 
-    for path in args.files:
+    files = [*args.files, *args.config_files]
+    if not files:
+        raise OmniRLError("config check: give at least one config: omni-rl config check FILE... (or --config FILE)")
+    for path in files:
         cfg = load_config(path, args.overrides)
         print(f"ok: {path} (recipe: {recipe_name(cfg)})")
     return 0
 
 
 @command(
-    "config show", "print a config with defaults filled in and overrides applied", arg("file", metavar="FILE"), OVERRIDE
+    "config show",
+    "print a config with defaults filled in and overrides applied",
+    *config_file("FILE"),
+    overrides("--set trainer.steps=10"),
 )
 def _config_show(args: argparse.Namespace) -> int:
     import yaml
 
     from omni_rl.config import load_config, recipe_name, to_dict
 
-    cfg = load_config(args.file, args.overrides)
+    cfg = load_config(_config_file(args, "config show", "FILE"), args.overrides)
     print(yaml.safe_dump({"recipe": recipe_name(cfg), **to_dict(cfg)}, sort_keys=False), end="")
     return 0
 
@@ -112,7 +142,7 @@ def _tiny_model(args: argparse.Namespace) -> int:
     "demo",
     "build a tiny VLM, ask it about a generated video, teach it the answer",
     arg("--config", metavar="FILE", help="a demo config (default: built-in defaults)"),
-    OVERRIDE,
+    overrides("--set trainer.steps=5"),
 )
 def _demo(args: argparse.Namespace) -> int:
     return _run_recipe(args, "demo")
@@ -135,7 +165,8 @@ def _run_recipe(args: argparse.Namespace, expected: str) -> int:
 
 
 def _budgets(config: str | None, overrides: list[str]):
-    """Media budgets from any config with a ``media`` section (default: preprocess defaults)."""
+    """Media budgets from any config with a ``media`` section (default: preprocess
+    defaults), and its ``data.columns`` (empty without a data section)."""
     from omni_rl.config import load_config
     from omni_rl.errors import ConfigError
     from omni_rl.preprocess.pipeline import Budgets
@@ -143,15 +174,16 @@ def _budgets(config: str | None, overrides: list[str]):
     cfg = load_config(config, overrides, recipe="preprocess")
     if not hasattr(cfg, "media"):
         raise ConfigError(f"{config}: this recipe's config has no 'media' section")
-    return Budgets.from_config(cfg.media)
+    return Budgets.from_config(cfg.media), dict(getattr(getattr(cfg, "data", None), "columns", {}) or {})
 
 
 @command(
     "train",
     "run a training recipe from a config (recipe: grpo, sft or flow_ppo)",
-    arg("config", metavar="CONFIG"),
+    *config_file("CONFIG"),
     arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
-    OVERRIDE,
+    arg("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run (deletes it)"),
+    overrides("--set trainer.steps=10 (flow_ppo: --set trainer.iterations=50)"),
 )
 def _train(args: argparse.Namespace) -> int:
     import json
@@ -159,11 +191,12 @@ def _train(args: argparse.Namespace) -> int:
     from omni_rl.config import load_config
     from omni_rl.recipes import recipe_of, trainable
 
-    cfg = load_config(args.config, args.overrides)
+    path = _config_file(args, "train", "CONFIG")
+    cfg = load_config(path, [*args.overrides, *(["run.overwrite=true"] if args.overwrite else [])])
     recipe = recipe_of(cfg)
     if not recipe.trainable:
         raise OmniRLError(
-            f"{args.config}: recipe '{recipe.name}' is not trainable with 'omni-rl train' "
+            f"{path}: recipe '{recipe.name}' is not trainable with 'omni-rl train' "
             f"(run it with {recipe.command}); trainable: {', '.join(trainable())}"
         )
     from omni_rl.engine import distributed
@@ -200,7 +233,7 @@ def _attach_talker(args: argparse.Namespace) -> int:
     arg("--audio", action="store_true", help="run the audio quickstart instead"),
     arg("--sim", action="store_true", help="run the simulation quickstart instead"),
     arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
-    OVERRIDE,
+    overrides("--set grpo.trainer.steps=10 (--sim: --set trainer.iterations=50)"),
 )
 def _quickstart(args: argparse.Namespace) -> int:
     if args.audio and args.sim:
@@ -212,7 +245,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     "eval",
     "evaluate a checkpoint on a dataset (accuracy per problem type and source) or on a benchmark preset "
     "with its published protocol (--benchmark); --predictions scores saved responses with no model",
-    arg("--model", metavar="DIR", help="a checkpoint directory (a run's checkpoints/step-N/model)"),
+    arg("--model", metavar="DIR", help="a checkpoint directory, or a training run's directory (its final model/)"),
     arg("--data", required=True, metavar="DATA", help="a JSONL or Parquet dataset, or the benchmark's directory"),
     arg("--benchmark", metavar="NAME", help="a benchmark preset: " + ", ".join(BENCHMARK_NAMES)),
     arg("--predictions", metavar="FILE", help="with --benchmark: JSONL of {id, response} to score (no model)"),
@@ -223,17 +256,12 @@ def _quickstart(args: argparse.Namespace) -> int:
     arg(
         "--out", metavar="PATH", help="the summary JSON (a file); with --benchmark a directory (default runs/eval/NAME)"
     ),
-    arg(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, or with --benchmark a protocol field, e.g. --set protocol.nframes=16",
-    ),
+    overrides("--set media.max_frames=16; with --benchmark only protocol fields, e.g. --set protocol.nframes=16"),
 )
 def _eval(args: argparse.Namespace) -> int:
     if args.benchmark:
+        if args.config:
+            raise OmniRLError("eval --benchmark: --config does not apply (set the protocol with --set protocol.X=Y)")
         return _eval_benchmark(args)
     if args.predictions:
         raise OmniRLError("eval: --predictions needs --benchmark (the preset's parser and metric score them)")
@@ -256,7 +284,8 @@ def _eval(args: argparse.Namespace) -> int:
     device = resolve_device(getattr(getattr(cfg, "run", None), "device", "auto"))
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
     template = cfg.data.prompt_template if hasattr(cfg, "data") else DEFAULT_TEMPLATE
-    dataset = MediaDataset(args.data, Budgets.from_config(cfg.media), prompt_template=template)
+    columns = dict(cfg.data.columns) if hasattr(cfg, "data") else None
+    dataset = MediaDataset(args.data, Budgets.from_config(cfg.media), prompt_template=template, columns=columns)
     settings = cfg.rewards.settings() if hasattr(cfg, "rewards") else None
     summary = evaluate(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
     print(table(summary))
@@ -341,16 +370,21 @@ def _data_convert(args: argparse.Namespace) -> int:
     "decode, sample and resize a dataset's media once, into a cache",
     arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
     arg("--cache", required=True, metavar="DIR", help="cache directory"),
-    arg("--config", metavar="FILE", help="a config with a 'media' section"),
+    arg(
+        "--config", metavar="FILE", help="the training config (its media section and data.columns make the keys match)"
+    ),
     arg("--workers", type=int, default=None, help="processes (default: the number of cores)"),
-    arg("--strict", action="store_true", help="exit 1 when any row fails"),
+    arg("--strict", action="store_true", help="refuse rows with keys that look misspelt; exit 1 when any row fails"),
     arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
-    OVERRIDE,
+    overrides("--set media.fps=1"),
 )
 def _preprocess(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.pipeline import preprocess
 
-    report = preprocess(args.data, args.cache, _budgets(args.config, args.overrides), args.workers, args.limit)
+    budgets, columns = _budgets(args.config, args.overrides)
+    if args.config is None:
+        print("preprocess: no --config: the default media settings; pass the training config so its entries match")
+    report = preprocess(args.data, args.cache, budgets, args.workers, args.limit, columns=columns, strict=args.strict)
     print(report.table())
     if report.failed:
         print(f"failures: {args.cache}/failures.jsonl")
@@ -363,23 +397,28 @@ def _cache_stats(args: argparse.Namespace) -> int:
 
     from omni_rl.preprocess.cache import MediaCache
 
-    print(json.dumps(MediaCache(args.cache).stats(), indent=2))
+    print(json.dumps(MediaCache.existing(args.cache).stats(), indent=2))
     return 0
 
 
-@command("cache verify", "re-hash every entry; exit 1 if any is corrupt", arg("cache", metavar="DIR"))
+@command(
+    "cache verify",
+    "re-hash every entry; move corrupt ones aside (a rerun of preprocess rebuilds them); exit 1 if any",
+    arg("cache", metavar="DIR"),
+)
 def _cache_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from omni_rl.preprocess.cache import MediaCache
 
-    cache = MediaCache(args.cache)
-    cache.manifest()
+    cache = MediaCache.existing(args.cache)
     keys = cache.entry_keys()
     corrupt = [(k, why) for k in tqdm(keys, desc="verify", unit="entry") if (why := cache.check(k))]
     for key, why in corrupt:
-        print(f"corrupt: {cache.path(key)}: {why}")
+        print(f"corrupt: {cache.path(key)}: {why}; moved to {cache.quarantine(key)}")
     print(f"{len(keys) - len(corrupt)} ok, {len(corrupt)} corrupt")
+    if corrupt:
+        print("rerun omni-rl preprocess on the datasets (with their configs) to rebuild the corrupt entries")
     return 1 if corrupt else 0
 
 
@@ -391,15 +430,15 @@ def _cache_verify(args: argparse.Namespace) -> int:
     arg("--config", metavar="FILE", help="the config the cache was built with"),
     arg("--dry-run", action="store_true", help="print what would be deleted and kept; delete nothing"),
     arg("--force", action="store_true", help="delete even when that is more than what is kept"),
-    OVERRIDE,
+    overrides("--set media.fps=1 (the values the cache was built with)"),
 )
 def _cache_gc(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.cache import MediaCache
     from omni_rl.preprocess.pipeline import referenced_keys
 
-    cache = MediaCache(args.cache)
+    cache = MediaCache.existing(args.cache)
     manifest = cache.manifest()
-    budgets = _budgets(args.config, args.overrides)
+    budgets, _ = _budgets(args.config, args.overrides)
     keep = set().union(*(referenced_keys(data, budgets, cache) for data in args.data))
     plan = cache.gc_plan(keep)
     summary = (
@@ -438,20 +477,19 @@ def _gc_hint(manifest: dict, budgets) -> str:
     "rewards check",
     "check that every row's problem type is known and its gold answer scorable",
     arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
-    arg("--config", metavar="FILE", help="a config with a 'rewards' section (for plug-in scorers)"),
-    OVERRIDE,
+    arg("--config", metavar="FILE", help="a config with a 'rewards' section (plug-in scorers) and data.columns"),
+    arg("--strict", action="store_true", help="rows with keys that look misspelt are failures, not warnings"),
+    overrides("--set rewards.custom.my_type=my_package.rewards:score"),
 )
 def _rewards_check(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from omni_rl.config import load_config
     from omni_rl.preprocess.rows import read_rows
-    from omni_rl.rewards import check_targets, load_plugins
+    from omni_rl.rewards import check_targets
 
-    cfg = load_config(args.config, args.overrides, recipe="preprocess")
-    if hasattr(cfg, "rewards"):
-        load_plugins(cfg.rewards.custom)
-    rows, failures = read_rows(args.data)
+    _rewards_config(args)  # registers the config's plug-in scorers
+    columns = _data_columns(args)
+    rows, failures = read_rows(args.data, columns, args.strict)
     problems = check_targets(rows)
     for failure in failures:
         print(f"unreadable: {failure.path}: {failure.reason}")
@@ -463,13 +501,36 @@ def _rewards_check(args: argparse.Namespace) -> int:
     return 1 if problems or failures else 0
 
 
+def _data_columns(args: argparse.Namespace) -> dict:
+    """``data.columns`` of ``--config`` (empty without one)."""
+    from omni_rl.config import load_config
+
+    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    return dict(getattr(getattr(cfg, "data", None), "columns", {}) or {})
+
+
+def _rewards_config(args: argparse.Namespace):
+    """The ``rewards`` section of ``--config`` (default: built-in) with its plug-in
+    scorers registered; None for a config with no such section."""
+    from omni_rl.config import load_config
+    from omni_rl.rewards import load_plugins
+
+    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    if not hasattr(cfg, "rewards"):
+        return None
+    load_plugins(cfg.rewards.custom)
+    return cfg.rewards
+
+
 @command(
     "rewards score",
     "score one response (for debugging scorers)",
-    arg("response", metavar="RESPONSE"),
+    arg("--response", required=True, metavar="TEXT", help="the response to score ('-': read it from stdin)"),
     arg("--type", required=True, dest="problem_type", help="problem type"),
     arg("--answer", required=True, help="gold answer (JSON, or plain text)"),
-    arg("--options", nargs="*", default=None, help="multiple-choice options"),
+    arg("--options", nargs="+", default=None, metavar="OPTION", help="multiple-choice options, e.g. 'A. cat' 'B. dog'"),
+    arg("--config", metavar="FILE", help="a config whose rewards section applies (template, weights, plug-ins)"),
+    overrides("--set rewards.template=answer_only"),
 )
 def _rewards_score(args: argparse.Namespace) -> int:
     import json
@@ -477,11 +538,14 @@ def _rewards_score(args: argparse.Namespace) -> int:
 
     from omni_rl.rewards import score
 
+    rewards = _rewards_config(args)
+    response = sys.stdin.read() if args.response == "-" else args.response
     try:
         answer = json.loads(args.answer)
     except json.JSONDecodeError:
         answer = args.answer
-    result = score(args.problem_type, args.response, answer, options=args.options)
+    settings = rewards.settings() if rewards is not None else None
+    result = score(args.problem_type, response, answer, options=args.options, settings=settings)
     print(json.dumps(asdict(result), indent=2, ensure_ascii=False))
     return 0
 
@@ -509,10 +573,16 @@ def _sim_collect_demos(args: argparse.Namespace) -> int:
     return 0
 
 
+def _debug_flag(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after a (sub)command word too; SUPPRESS keeps an unset one from
+    resetting the value parsed before the subcommand."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered command."""
     parser = argparse.ArgumentParser(prog="omni-rl", description="RL for multimodal models and robot policies.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors (anywhere on the line)")
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for name in COMMANDS:
@@ -522,9 +592,11 @@ def build_parser() -> argparse.ArgumentParser:
         if len(words) == 2:
             if words[0] not in groups:
                 group = top.add_parser(words[0], help=f"{words[0]} commands")
+                _debug_flag(group)
                 groups[words[0]] = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
             subparsers = groups[words[0]]
         sub = subparsers.add_parser(words[-1], help=cmd.help, description=cmd.help)
+        _debug_flag(sub)
         for flags, kwargs in cmd.arguments:
             sub.add_argument(*flags, **kwargs)
         sub.set_defaults(handler=cmd.run)

@@ -105,7 +105,13 @@ def evaluate(
     for i, sample in enumerate(rows):
         best = max(r.accuracy for r in results[i * samples : (i + 1) * samples])
         per_row.append((sample.problem_type, sample.data_source or "unknown", best))
-    return {**summarize(per_row, samples), "skipped_rows": len(failures)}
+    # rows read = scored + refused when the dataset loaded + skipped while reading media
+    return {
+        **summarize(per_row, samples),
+        "rows_read": dataset.read,
+        "refused_rows": len(dataset.failures),
+        "skipped_rows": len(failures),
+    }
 
 
 def summarize(per_row: list[tuple[str, str, float]], samples: int) -> dict:
@@ -135,6 +141,11 @@ def table(summary: dict) -> str:
     for name, value in summary["per_type"].items():
         lines.append(f"{name:<28}{summary['count_per_type'][name]:>6}{value:>12.3f}")
     lines.append(f"{'overall':<28}{summary['rows']:>6}{summary['accuracy']:>12.3f}")
+    if "rows_read" in summary:
+        lines.append(
+            f"{summary['rows_read']} rows read: {summary['rows']} scored, {summary['refused_rows']} refused when "
+            f"loading, {summary['skipped_rows']} skipped (the log says which and why)"
+        )
     return "\n".join(lines)
 
 

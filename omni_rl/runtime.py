@@ -36,6 +36,10 @@ class RunConfig:
     numeric precision is the trainer's (``trainer.precision``)."""
     threads: int | None = None
     """torch CPU threads; unset reads OMNI_RL_THREADS, else torch's default."""
+    overwrite: bool = False
+    """Start afresh in an output_dir that holds a run, deleting its checkpoints,
+    metrics, evaluations and exported model (``omni-rl train --overwrite``); without
+    it (or ``--resume``) such a directory is an error."""
 
     def __post_init__(self):
         require(self.threads is None or self.threads >= 1, "threads", "must be >= 1")

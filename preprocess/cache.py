@@ -126,6 +126,26 @@ class MediaCache:
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
+    @classmethod
+    def existing(cls, root: str | Path) -> MediaCache:
+        """A cache that must already exist (commands that read one); anything else is
+        an error naming the directory."""
+        cache = cls(root)
+        if not cache.root.is_dir():
+            raise OmniRLError(f"{cache.root}: no such cache directory (omni-rl preprocess DATA --cache DIR makes one)")
+        if not cache.manifest_path.is_file() and not (cache.root / "entries").is_dir():
+            raise OmniRLError(f"{cache.root}: not an omni_rl media cache (no manifest.json or entries/)")
+        cache.manifest()  # a foreign or newer format is an error too
+        return cache
+
+    def quarantine(self, key: str) -> Path:
+        """Move a corrupt entry to ``CACHE/corrupt/`` (kept for inspection): the cache no
+        longer has it, so readers decode the raw file and preprocess writes it again."""
+        target = self.root / "corrupt" / self.path(key).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path(key), target)
+        return target
+
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"

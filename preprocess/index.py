@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.cache import MediaCache, atomic_write_bytes
+from omni_rl.preprocess.cache import MediaCache, atomic_write_bytes, params_digest
 
 FORMAT = "omni_rl.media_index"
 FORMAT_VERSION = 1
@@ -86,6 +86,23 @@ def lookup(records: list[IndexedMedium] | None, position: int, kind: str, path: 
     return record.keys[digest]
 
 
+def _flat(params: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def settings_diff(cached: dict, wanted: dict) -> str:
+    """The decoding parameters that differ, as "video.fps: cached 2.0, this run 1.0"."""
+    a, b = _flat(cached), _flat(wanted)
+    differ = [f"{k}: cached {a.get(k)}, this run {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return "; ".join(differ) or "none visible (another format version)"
+
+
 def _index_path(cache: MediaCache, dataset: Path) -> Path:
     name = hashlib.sha256(str(dataset.resolve()).encode()).hexdigest()[:16]
     return cache.root / "index" / f"{name}.json"
@@ -122,11 +139,33 @@ class DatasetIndex:
         except (KeyError, TypeError, AttributeError) as err:
             raise OmniRLError(f"{self.path}: malformed cache index ({err}); preprocess the dataset again") from None
 
-    def key(self, row_id: str, position: int, kind: str, path: Path, digest: str) -> str:
-        """``lookup`` of a row by id (see there)."""
+    def key(self, row_id: str, position: int, kind: str, path: Path, digest: str, params: dict | None = None) -> str:
+        """``lookup`` of a row by id (see there). With ``params`` (this run's, whose
+        digest is ``digest``), a miss on settings names the settings that differ."""
         if not self.rows:
             raise IndexMiss(f"the cache {self.cache.root} has no index of {self.dataset} (preprocess it there)")
-        return lookup(self.rows.get(row_id), position, kind, path, digest)
+        records = self.rows.get(row_id)
+        try:
+            return lookup(records, position, kind, path, digest)
+        except IndexMiss as miss:
+            record = records[position] if records and position < len(records) else None
+            if params is None or record is None or not record.keys or digest in record.keys:
+                raise
+            # the manifest records each run's parameters of every kind; find this kind's
+            section = "audio" if kind == "video_audio" else kind  # a video's sound takes the audio settings
+            by_digest = {
+                params_digest(p[section]): p[section]
+                for p in self.cache.manifest()["param_sets"].values()
+                if isinstance(p, dict) and section in p
+            }
+            cached = [by_digest[d] for d in sorted(record.keys) if d in by_digest]
+            if not cached:
+                raise
+            differ = settings_diff(cached[0], params)
+            raise IndexMiss(
+                f"not preprocessed with these media settings: {differ} (preprocess with the training config: "
+                f"omni-rl preprocess DATA --cache {self.cache.root} --config CONFIG)"
+            ) from miss
 
     def update(self, rows: dict[str, list[IndexedMedium]]) -> None:
         """Merge freshly preprocessed rows into the index file and write it atomically.

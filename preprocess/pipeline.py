@@ -236,6 +236,8 @@ def preprocess(
     workers: int | None = None,
     limit: int | None = None,
     progress: bool = True,
+    columns: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> PreprocessReport:
     """Cache every row of ``data``; failures go to ``CACHE/failures.jsonl``, the rows'
     entry keys to the cache index (see ``omni_rl.preprocess.index``).
@@ -251,7 +253,7 @@ def preprocess(
     cache = MediaCache(cache_dir)
     cache.manifest()  # refuse a foreign cache before doing any work
     cache.remove_stale_temps()
-    rows, failures = read_rows(data)
+    rows, failures = read_rows(data, columns, strict)
     if limit is not None:
         rows = rows[:limit]
     workers = workers or os.cpu_count() or 1

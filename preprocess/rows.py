@@ -1,19 +1,62 @@
-"""Dataset rows from JSONL or Parquet, checked against the row schema of DESIGN.md.
+"""Dataset rows from JSONL or Parquet, checked against the row schema (README, "The
+row format").
 
 A bad row never stops a read: it becomes a ``RowFailure`` naming the file, the row
 (line number for JSONL, index for Parquet) and the reason, and the rest are kept.
+A key that looks like a misspelt schema key (``video`` for ``videos``, ``question``
+for ``problem``) is warned about once per file with the key it probably means; under
+``strict`` such rows are failures. ``columns`` renames a dataset's own keys to the
+schema's (``{"question": "problem", "video": "videos"}``) before the checks.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_rl.errors import OmniRLError
+from omni_rl.registry import closest
+
+log = logging.getLogger(__name__)
 
 MEDIA_FIELDS = ("images", "videos", "audios")
+SCHEMA_KEYS = ("id", "problem", "problem_type", "answer", "options", *MEDIA_FIELDS, "data_source", "use_audio_in_video")
+# keys other datasets use for a schema key (matched case-insensitively)
+LIKELY = {
+    "video": "videos",
+    "image": "images",
+    "audio": "audios",
+    "question": "problem",
+    "prompt": "problem",
+    "query": "problem",
+    "type": "problem_type",
+    "choices": "options",
+    "candidates": "options",
+    "label": "answer",
+    "ground_truth": "answer",
+    "gt": "answer",
+}
+
+
+def meant_key(key: str) -> str | None:
+    """The schema key an unknown ``key`` probably means (``video`` -> ``videos``,
+    ``Videos`` -> ``videos``, ``question`` -> ``problem``), or None."""
+    lower = key.lower()
+    if lower in SCHEMA_KEYS and key != lower:
+        return lower
+    if lower in LIKELY:
+        return LIKELY[lower]
+    match = closest(lower, SCHEMA_KEYS)
+    return match if match is not None and len(lower) > 3 and _near(lower, match) else None
+
+
+def _near(a: str, b: str) -> bool:
+    import difflib
+
+    return difflib.SequenceMatcher(None, a, b).ratio() >= 0.85
 
 
 @dataclass(frozen=True)
@@ -44,15 +87,22 @@ class RowFailure:
         return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
 
 
-def _check_row(raw: object) -> Row | str:
+def _missing(raw: dict, key: str, what: str) -> str:
+    """Why ``key`` is unusable, naming a key of the row that probably meant it."""
+    stand_ins = [k for k in raw if k not in SCHEMA_KEYS and meant_key(k) == key]
+    hint = f" (the row has '{stand_ins[0]}': rename it or map it with data.columns: {{{stand_ins[0]}: {key}}})"
+    return f"'{key}' {what}{hint if stand_ins else ''}"
+
+
+def check_row(raw: object) -> Row | str:
     """A Row from a decoded record, or the reason it is invalid."""
     if not isinstance(raw, dict):
         return f"expected a JSON object, got {type(raw).__name__}"
     for key in ("id", "problem", "problem_type"):
         if not isinstance(raw.get(key), str) or not raw.get(key):
-            return f"'{key}' must be a non-empty string"
+            return _missing(raw, key, "must be a non-empty string")
     if raw.get("answer") is None:
-        return "'answer' is missing"
+        return _missing(raw, "answer", "is missing")
     media = {}
     for key in MEDIA_FIELDS:
         value = raw.get(key) or []
@@ -98,20 +148,45 @@ def _records(path: Path) -> Iterator[tuple[str, object | str]]:
                 yield where, f"invalid JSON ({err.msg} at column {err.colno})"
 
 
-def read_rows(path: str | Path) -> tuple[list[Row], list[RowFailure]]:
+def rename_columns(record: dict, columns: dict[str, str]) -> dict | str:
+    """``record`` with its keys renamed by ``columns``, or why it cannot be."""
+    renamed = {}
+    for key, value in record.items():
+        name = columns.get(key, key)
+        if name in renamed:
+            return f"two keys become '{name}' under data.columns ({key} and another)"
+        renamed[name] = value
+    return renamed
+
+
+def read_rows(
+    path: str | Path, columns: dict[str, str] | None = None, strict: bool = False
+) -> tuple[list[Row], list[RowFailure]]:
     """Every valid row of a JSONL or Parquet file, and a failure for every other one.
 
-    Duplicate ids: the first row keeps the id, later ones are failures.
+    Duplicate ids: the first row keeps the id, later ones are failures. Keys that look
+    like misspelt schema keys are logged once per key (failures under ``strict``).
     """
     path = Path(path)
     if not path.is_file():
         raise OmniRLError(f"{path}: no such dataset file")
     rows, failures, seen = [], [], {}
+    suspect: dict[str, list[str]] = {}  # unknown key -> where it was seen
     for where, record in _records(path):
+        if isinstance(record, dict) and columns:
+            record = rename_columns(record, columns)
         if isinstance(record, str):
             failures.append(RowFailure(None, where, record))
             continue
-        row = _check_row(record)
+        if isinstance(record, dict):
+            odd = {k: meant for k in record if k not in SCHEMA_KEYS and (meant := meant_key(k))}
+            for key in odd:
+                suspect.setdefault(key, []).append(where)
+            if odd and strict:
+                key, meant = next(iter(odd.items()))
+                failures.append(RowFailure(record.get("id"), where, f"unknown key '{key}' (did you mean '{meant}'?)"))
+                continue
+        row = check_row(record)
         row_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
         if isinstance(row, str):
             failures.append(RowFailure(row_id, where, row))
@@ -120,6 +195,18 @@ def read_rows(path: str | Path) -> tuple[list[Row], list[RowFailure]]:
         else:
             seen[row.id] = where
             rows.append(Row(**{**row.__dict__, "source": where}))
+    for key, places in suspect.items():
+        log.warning(
+            "%s: unknown key '%s' (did you mean '%s'?) in %d rows; its values are not used. Rename it, or map it "
+            "with data.columns: {%s: %s}%s",
+            places[0],
+            key,
+            meant_key(key),
+            len(places),
+            key,
+            meant_key(key),
+            " (--strict: those rows are refused)" if strict else "",
+        )
     return rows, failures
 
 

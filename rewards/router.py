@@ -129,20 +129,26 @@ def load_plugins(custom: dict[str, str] | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class RowProblem:
-    """A row whose gold answer can never be scored: where and why."""
+    """A row that can never be scored: where and why; ``unknown_type`` is its
+    problem type when no scorer has that name."""
 
     id: str
     path: str
     reason: str
+    unknown_type: str | None = None
 
 
 def check_targets(rows: Sequence) -> list[RowProblem]:
-    """Load-time checks of dataset rows (``omni_rl.preprocess.rows.Row``): every
-    problem_type must be known (else OmniRLError listing the known types, before any
-    training) and every gold answer readable by its scorer (else a RowProblem)."""
+    """Load-time checks of dataset rows (``omni_rl.preprocess.rows.Row``): a RowProblem
+    for every row whose problem_type is unknown (its reason lists the known types and
+    the closest) or whose gold answer its scorer cannot read. Every row is checked."""
     problems = []
     for row in rows:
-        scorer = get_scorer(row.problem_type)
+        try:
+            scorer = get_scorer(row.problem_type)
+        except OmniRLError as err:
+            problems.append(RowProblem(row.id, row.source, str(err), row.problem_type))
+            continue
         validate = getattr(scorer, "validate", None)
         if validate is None:
             continue

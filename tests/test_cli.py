@@ -49,13 +49,142 @@ def test_override_with_misspelled_key_exits_2():
     assert "did you mean 'steps'" in result.stderr
 
 
-def test_debug_shows_the_traceback(capsys):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--debug", "config", "check", "configs/does-not-exist.yaml"],
+        ["config", "check", "configs/does-not-exist.yaml", "--debug"],
+        ["config", "--debug", "show", "configs/does-not-exist.yaml"],
+        ["train", "configs/does-not-exist.yaml", "--debug"],
+        ["train", "--debug", "--config", "configs/does-not-exist.yaml"],
+    ],
+)
+def test_debug_anywhere_on_the_line_shows_the_traceback(argv, capsys):
     from omni_rl.errors import ConfigError
 
-    with pytest.raises(ConfigError):
-        main(["--debug", "config", "check", "configs/does-not-exist.yaml"])
-    assert main(["config", "check", "configs/does-not-exist.yaml"]) == 2
-    assert "cannot read config" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="cannot read config"):
+        main(argv)
+    assert main([a for a in argv if a != "--debug"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read config" in err[0]
+
+
+def test_debug_after_the_subcommand_in_the_console_script():
+    plain = run("train", "configs/does-not-exist.yaml")
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    debug = run("train", "configs/does-not-exist.yaml", "--debug")
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr and "ConfigError: configs/does-not-exist.yaml: cannot read" in debug.stderr
+
+
+def test_train_and_config_show_take_the_config_once_as_positional_or_option(capsys):
+    not_trainable = "configs/demo.yaml: recipe 'demo' is not trainable"
+    for argv in (["train", "configs/demo.yaml"], ["train", "--config", "configs/demo.yaml"]):
+        assert main(argv) == 2
+        assert not_trainable in capsys.readouterr().err  # the file was read either way
+    for argv, error in (
+        (["train", "--resume", "auto"], "train: a config is required: omni-rl train CONFIG (or --config CONFIG)"),
+        (["train", "configs/demo.yaml", "--config", "configs/demo.yaml"], "train: give the config once"),
+        (["config", "show"], "config show: a config is required"),
+        (["config", "show", "configs/demo.yaml", "--config", "configs/demo.yaml"], "config show: give the config once"),
+        (["config", "check"], "config check: give at least one config"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"omni-rl: error: {error}") and err.count("\n") == 1, err
+    assert main(["config", "show", "--config", "configs/demo.yaml"]) == 0
+    assert "recipe: demo" in capsys.readouterr().out
+    assert main(["config", "check", "configs/demo.yaml", "--config", "configs/preprocess_tiny.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: configs/demo.yaml (recipe: demo)" in out and "ok: configs/preprocess_tiny.yaml" in out
+
+
+def test_eval_benchmark_refuses_a_config(capsys):
+    argv = ["eval", "--benchmark", "mvbench", "--data", "x", "--config", "configs/preprocess_tiny.yaml"]
+    assert main(argv) == 2
+    assert "eval --benchmark: --config does not apply" in capsys.readouterr().err
+
+
+# the configs each command reads, by recipe ("protocol": eval --benchmark's protocol fields)
+READS = {
+    "config check": ("grpo", "sft", "flow_ppo", "demo"),
+    "config show": ("grpo", "sft", "flow_ppo", "demo"),
+    "demo": ("demo",),
+    "train": ("grpo", "sft", "flow_ppo"),
+    "quickstart": ("quickstart", "quickstart_audio", "quickstart_sim"),
+    "eval": ("preprocess", "protocol"),
+    "preprocess": ("preprocess",),
+    "cache gc": ("preprocess",),
+    "rewards check": ("preprocess",),
+    "rewards score": ("preprocess",),
+}
+
+
+def test_set_is_only_on_commands_that_read_a_config_and_its_examples_apply():
+    import dataclasses
+    import re
+
+    from omni_rl.benchmarks.base import Protocol
+    from omni_rl.cli import COMMANDS
+    from omni_rl.config import load_config, parse_override
+    from omni_rl.errors import OmniRLError
+
+    def flag(name, option):
+        return next((kw for flags, kw in COMMANDS.get(name).arguments if option in flags), None)
+
+    assert {n for n in COMMANDS if flag(n, "--set")} == set(READS)
+    assert {n for n in COMMANDS if flag(n, "--config")} == set(READS)
+    for name, recipes in READS.items():
+        examples = re.findall(r"--set ([\w.]+=[\w.:]+)", flag(name, "--set")["help"])
+        assert examples, name
+        for example in examples:
+            loads = []
+            for recipe in recipes:
+                if recipe == "protocol":
+                    keys, value = parse_override(example)
+                    loads.append(keys[0] == "protocol" and bool(dataclasses.replace(Protocol(), **{keys[1]: value})))
+                    continue
+                try:
+                    loads.append(bool(load_config(None, [example], recipe=recipe)))
+                except OmniRLError:
+                    loads.append(False)
+            assert any(loads), f"{name}: --set {example} applies to none of {recipes}"
+
+
+def test_rewards_score_takes_its_response_as_an_option(capsys, monkeypatch):
+    base = ["rewards", "score", "--type", "multiple_choice", "--answer", "B", "--options", "A. cat", "B. dog"]
+    with pytest.raises(SystemExit) as exit:  # the old positional would be swallowed by --options
+        main([*base, "<answer>B</answer>"])
+    assert exit.value.code == 2
+    assert "the following arguments are required: --response" in capsys.readouterr().err
+    assert main([*base, "--response", "<answer>B</answer>"]) == 0
+    out = capsys.readouterr().out
+    assert '"accuracy": 1.0' in out and '"predicted": "B"' in out and '"format": 0.5' in out  # no <think>
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("<answer>A</answer>\n"))
+    assert main([*base, "--response", "-", "--set", "rewards.template=answer_only"]) == 0
+    out = capsys.readouterr().out
+    assert '"accuracy": 0.0' in out and '"predicted": "A"' in out and '"format": 1.0' in out
+    assert main([*base, "--response", "B", "--set", "rewards.templat=answer_only"]) == 2
+    assert "did you mean 'template'" in capsys.readouterr().err
+
+
+def test_readme_lists_every_subcommand():
+    import re
+
+    from omni_rl.cli import COMMANDS
+
+    section = (ROOT / "README.md").read_text().split("## The `omni-rl` command", 1)[1]
+    block = section.split("```", 2)[1]
+    listed = set()
+    for line in block.splitlines():
+        if line.startswith("omni-rl "):
+            words = []
+            for token in line.split()[1:]:
+                if not re.fullmatch(r"[a-z][a-z0-9-]*", token):
+                    break
+                words.append(token)
+            listed.add(" ".join(words))
+    assert listed == set(COMMANDS)
 
 
 def test_unknown_family_exits_2(tmp_path):

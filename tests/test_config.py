@@ -237,7 +237,8 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     sft_cfg, grpo_cfg = ran["sft"], ran["grpo"]
     assert grpo_cfg.optimizer.lr == 1e-4 and grpo_cfg.trainer.steps == 600 and grpo_cfg.rollout.n == 8
     assert sft_cfg.trainer.steps == 50 and sft_cfg.optimizer.lr == 2e-3
-    assert grpo_cfg.run == dataclasses.replace(cfg.run, output_dir=str(tmp_path / "grpo"))
+    # each phase owns its folder: a rerun of the quickstart starts it afresh
+    assert grpo_cfg.run == dataclasses.replace(cfg.run, output_dir=str(tmp_path / "grpo"), overwrite=True)
     assert grpo_cfg.media == cfg.media and sft_cfg.media == cfg.media
     assert grpo_cfg.model.path == str(tmp_path / "sft" / "checkpoints" / "step-1" / "model")
     assert sft_cfg.model.path is None and (sft_cfg.model.tiny_family, sft_cfg.model.tiny_width) == ("qwen2_5_vl", 128)

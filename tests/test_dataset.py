@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -88,13 +89,18 @@ def test_cache_modes(dataset_file, tmp_path):
     assert (prefer.cache_hits, prefer.cache_misses) == (1, 0)
     prefer[1]  # not preprocessed: decoded from the raw files
     assert prefer.cache_misses == 2
+    # cache_only: rows the index cannot name are refused when the dataset loads (file, row, reason)
     only = MediaDataset(dataset_file, budgets, cache=cache, cache_mode="cache_only")
-    only[0]
-    with pytest.raises(OmniRLError, match=r"data\.jsonl:2: row 'two': .*i\.png: not in the cache index"):
-        only[1]
-    other = small_budgets("qwen3_vl")  # a different patch size is a different key
-    with pytest.raises(OmniRLError, match=r"row 'video': .*a\.mp4: not preprocessed with these media settings"):
-        MediaDataset(dataset_file, other, cache=cache, cache_mode="cache_only")[0]
+    assert [r.id for r in only.rows] == ["video"] and only[0].videos
+    refused = {f.id: (f.path, f.reason) for f in only.failures}
+    assert refused["two"][0] == f"{dataset_file}:2" and "i.png: not in the cache index" in refused["two"][1]
+    assert only.load_report() == {"data/rows_read": 4, "data/rows_used": 1, "data/rows_refused": 3}
+    other = small_budgets("qwen3_vl")  # a different patch size is a different key: the miss names it
+    stale = MediaDataset(dataset_file, other, cache=cache, cache_mode="cache_only")
+    reason = next(f.reason for f in stale.failures if f.id == "video")
+    assert "a.mp4: not preprocessed with these media settings: " in reason
+    assert "video.patch_size: cached 14, this run 16" in reason
+    assert "--config CONFIG" in reason
     with pytest.raises(OmniRLError, match="needs a cache directory"):
         MediaDataset(dataset_file, budgets, cache_mode="cache_only")
 
@@ -126,27 +132,37 @@ def test_cache_only_reads_every_sample_with_the_raw_media_deleted(dataset_file, 
     assert MediaDataset(data, budgets, cache=tmp_path / "cache")[3].videos
 
 
+def refusal(dataset, row_id):
+    """(where, reason) of a row the dataset refused when it loaded."""
+    return next((f.path, f.reason) for f in dataset.failures if f.id == row_id)
+
+
 def test_cache_only_errors_name_the_file_the_row_and_the_reason(dataset_file, tmp_path):
     budgets = small_budgets("qwen2_5_vl")
     cache = tmp_path / "cache"
     data = copy_dataset(dataset_file, tmp_path / "copy")
-    with pytest.raises(OmniRLError, match=r"data\.jsonl:1: row 'video': .*a\.mp4: the cache .* has no index of"):
-        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[0]
+    # found when the dataset loads: the row is refused with its file, row and reason
+    where, reason = refusal(MediaDataset(data, budgets, cache=cache, cache_mode="cache_only"), "video")
+    assert where == f"{data}:1" and re.search(r"a\.mp4: the cache .* has no index of", reason)
     preprocess(data, cache, budgets, workers=1, progress=False)
     rows = data.read_text().splitlines()
     (data.parent / "more.jsonl").write_text("\n".join(rows) + "\n")  # another dataset file shares the media
     only = MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")
-    with pytest.raises(OmniRLError, match=r"more\.jsonl:1: row 'video': .*a\.mp4: the cache .* has no index of"):
-        MediaDataset(data.parent / "more.jsonl", budgets, cache=cache, cache_mode="cache_only")[0]
+    where, reason = refusal(
+        MediaDataset(data.parent / "more.jsonl", budgets, cache=cache, cache_mode="cache_only"), "video"
+    )
+    assert where.endswith("more.jsonl:1") and "a.mp4: the cache" in reason and "has no index of" in reason
+    # a file changed after the dataset loaded: reading the row says so
     write_video(data.parent / "m" / "b.mp4", moving_square("left", 3.0, 10, 90, 120), 10)
     with pytest.raises(OmniRLError, match=r"data\.jsonl:2: row 'two': .*b\.mp4: the file changed since it was"):
         only[1]
     data.write_text(rows[0].replace("m/a.mp4", "m/b.mp4") + "\n" + "\n".join(rows[1:]) + "\n")
-    with pytest.raises(OmniRLError, match=r"data\.jsonl:1: row 'video': .*b\.mp4: the row's media changed"):
-        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[0]
+    where, reason = refusal(MediaDataset(data, budgets, cache=cache, cache_mode="cache_only"), "video")
+    assert where == f"{data}:1" and "b.mp4: the row's media changed" in reason
     MediaCache(cache).remove(next(iter(DatasetIndex(MediaCache(cache), data).rows["audio"][0].keys.values())))
+    gone = MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")
     with pytest.raises(OmniRLError, match=r"data\.jsonl:3: row 'audio': .*t\.wav: its entry \w+ is not in the cache"):
-        MediaDataset(data, budgets, cache=cache, cache_mode="cache_only")[2]
+        gone[[r.id for r in gone.rows].index("audio")]
 
 
 def test_a_changed_source_file_is_redecoded_and_unchanged_ones_are_not_hashed(dataset_file, tmp_path, monkeypatch):
@@ -202,11 +218,15 @@ def test_loading_routes_problem_types_and_checks_gold_answers(tmp_path):
     ds = MediaDataset(path, budgets)
     assert [r.id for r in ds.rows] == ["ok"]
     assert [(f.id, f.path) for f in ds.failures] == [("bad-gold", f"{path}:2")]
-    with pytest.raises(OmniRLError, match=r"d\.jsonl:2: row 'bad-gold': multiple_choice answer 'Z'"):
+    with pytest.raises(OmniRLError, match=r"d\.jsonl:2 bad-gold: multiple_choice answer 'Z'"):
         MediaDataset(path, budgets, strict=True)
-    path.write_text(json.dumps({"id": "x", "problem": "p", "problem_type": "countin", "answer": 1}) + "\n")
-    with pytest.raises(OmniRLError, match=r"unknown problem type 'countin' \(did you mean 'counting'\?\); known: "):
+    rows = [{"id": f"x{i}", "problem": "p", "problem_type": "countin", "answer": 1} for i in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {**rows[0], "id": "y", "problem_type": "mcq2"}]))
+    with pytest.raises(OmniRLError) as err:  # every unknown type, its count and rows, before anything is built
         MediaDataset(path, budgets)
+    assert "unknown problem type 'countin' (did you mean 'counting'?); known: " in str(err.value)
+    assert f"in 4 rows: {path}:1 x0, {path}:2 x1, {path}:3 x2 ..." in str(err.value)
+    assert "unknown problem type 'mcq2'" in str(err.value) and f"in 1 rows: {path}:5 y" in str(err.value)
 
 
 def test_image_rows_carry_the_recorded_sizes_for_box_scoring(tmp_path):

@@ -163,8 +163,10 @@ def test_check_targets_finds_unscorable_gold_answers_at_load_time():
     }
     assert "cannot be parsed by math-verify" in problems["math-\\frac{"]
     assert "needs the row field image_size" in problems["spatial_grounding-[0, 0, 1, 1]"]
-    with pytest.raises(OmniRLError, match="unknown problem type 'countng'"):
-        check_targets([row("countng", 1)])
+    # an unknown type is a problem of its row too (every row is checked, not the first)
+    unknown = check_targets([row("countng", 1), row("countng", 2), row("counting", 1)])
+    assert [(p.id, p.unknown_type) for p in unknown] == [("countng-1", "countng"), ("countng-2", "countng")]
+    assert "unknown problem type 'countng' (did you mean 'counting'?)" in unknown[0].reason
 
 
 def test_math_is_bounded_by_its_timeout():
@@ -280,9 +282,9 @@ def test_rewards_cli(tmp_path, capsys):
     assert main(["rewards", "check", str(data)]) == 1
     out = capsys.readouterr().out
     assert "unscorable:" in out and "row 'b'" in out and "1 of 2 rows scorable" in out
-    assert main(["rewards", "score", "--type", "counting", "--answer", "3", "<answer>3</answer>"]) == 0
+    assert main(["rewards", "score", "--type", "counting", "--answer", "3", "--response", "<answer>3</answer>"]) == 0
     assert '"accuracy": 1.0' in capsys.readouterr().out
-    assert main(["rewards", "score", "--type", "countng", "--answer", "3", "3"]) == 2
+    assert main(["rewards", "score", "--type", "countng", "--answer", "3", "--response", "3"]) == 2
 
 
 def test_plugins_from_the_entry_point_group(tmp_path, monkeypatch):

@@ -65,7 +65,11 @@ class DataConfig:
     shuffle: bool = True
     """Visit the rows in a seeded random order, reshuffled every epoch."""
     strict: bool = False
-    """Rows whose answers cannot be scored are errors instead of skips."""
+    """A row that cannot be used (schema, answer, media, a key that looks misspelt) is
+    an error before training instead of a reported skip."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """The dataset's own keys renamed to the row schema's, e.g. {question: problem,
+    video: videos}; applies to data.train, data.eval rows and preprocess --config."""
 
     def __post_init__(self):
         require(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.rows import MEDIA_FIELDS, RowFailure, _check_row
+from omni_rl.preprocess.rows import MEDIA_FIELDS, RowFailure, check_row
 from omni_rl.registry import Registry
 
 PROGRESS_MIN_ROWS = 10_000
@@ -51,7 +51,7 @@ class Conversion:
         row_id = row.get("id") if isinstance(row.get("id"), str) else None
         if row_id in self._seen:
             return self.fail(row_id, where, f"duplicate id (first at {self._seen[row_id]})")
-        checked = _check_row(row)
+        checked = check_row(row)
         if isinstance(checked, str):
             return self.fail(row_id, where, checked)
         try:

@@ -139,13 +139,21 @@ class MediaDataset:
         budgets: decoding parameters (must match the cache's to hit it).
         cache: a preprocessed cache directory, or None.
         cache_mode: see the module docstring.
-        strict: a row whose gold answer cannot be scored is an error, not a skip.
+        strict: a row that cannot be used is an error, not a skip.
         prompt_template: how a row becomes the question text (see ``render_prompt``).
+        columns: the dataset's own keys renamed to the schema's (``{"question": "problem"}``).
 
-    Loading routes every row's problem_type through the reward registry: an unknown
-    type fails here, before any training, listing the known types; a gold answer its
-    scorer can never match (an unparsable math answer, a letter beyond the options...)
-    is reported in ``failures`` and the row skipped.
+    Every check that needs no decoding runs here, before any training:
+    - the row schema (``omni_rl.preprocess.rows``);
+    - the problem type: an unknown type is an error naming each unknown type, its
+      file and rows, and the known types;
+    - the gold answer: one its scorer can never match (an unparsable math answer, a
+      letter beyond the options...) is a failure;
+    - the media: a path that escapes the dataset's folder, a missing file (unless the
+      cache index names its entry), or under ``cache_only`` a medium the index cannot
+      name (saying which media setting differs) is a failure.
+    Each failure is logged (file:row id: reason) and kept in ``failures``; its row is
+    skipped (``strict``: the first is an error).
     """
 
     def __init__(
@@ -156,6 +164,7 @@ class MediaDataset:
         cache_mode: CacheMode = "prefer_cache",
         strict: bool = False,
         prompt_template: str = DEFAULT_TEMPLATE,
+        columns: dict[str, str] | None = None,
     ):
         if cache_mode not in CACHE_MODES:
             raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
@@ -164,33 +173,82 @@ class MediaDataset:
         self.data = Path(data)
         self.budgets = budgets
         self.cache = MediaCache(cache) if cache is not None and cache_mode != "no_cache" else None
+        self.uncached = self.cache is not None and cache_mode == "prefer_cache" and not self.cache.root.is_dir()
+        if self.uncached:  # a cache that was never made: say so once, and count every read as a miss
+            log.warning(
+                "%s: the cache %s does not exist: every medium is decoded on the fly (counted in data/cache_misses); "
+                "make it with omni-rl preprocess %s --cache %s --config YOUR_TRAINING_CONFIG",
+                self.data,
+                cache,
+                self.data,
+                cache,
+            )
+            self.cache = None
         self.index = DatasetIndex(self.cache, self.data) if self.cache is not None else None
         self.cache_mode = cache_mode
         self.rows: list[Row]
         self.failures: list[RowFailure]
-        self.rows, self.failures = read_rows(self.data)
-        unscorable = check_targets(self.rows)
-        if unscorable and strict:
-            first = unscorable[0]
-            raise OmniRLError(f"{first.path}: row '{first.id}': {first.reason}")
-        bad_ids = {p.id for p in unscorable}
-        self.rows = [row for row in self.rows if row.id not in bad_ids]
-        self.failures += [RowFailure(p.id, p.path, p.reason) for p in unscorable]
+        self.rows, self.failures = read_rows(self.data, columns, strict)
+        self.read = len(self.rows) + len(self.failures)
+        problems = check_targets(self.rows)
+        _refuse_unknown_types(self.data, problems)
+        self._drop([RowFailure(p.id, p.path, p.reason) for p in problems])
+        self._drop(self._media_failures())
+        if self.failures:
+            _report(self.data, self.failures, strict)
         self.prompt_template = prompt_template
         for row in self.rows:
             render_prompt(prompt_template, row)  # a template naming a missing field fails here
         self.cache_hits = 0
         self.cache_misses = 0
+        self.cache_corrupt = 0
         self.index_misses = 0
         self.videos_without_sound = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _drop(self, failures: list[RowFailure]) -> None:
+        bad = {f.id for f in failures}
+        self.rows = [row for row in self.rows if row.id not in bad]
+        self.failures += failures
+
+    def _media_failures(self) -> list[RowFailure]:
+        """Rows whose media cannot be read, found without decoding: a path escaping the
+        dataset's folder, a missing file the cache cannot stand in for, or (cache_only)
+        a medium the cache index cannot name."""
+        failures = []
+        for row in self.rows:
+            try:
+                for position, (kind, path) in enumerate(row_media(row, self.data.parent, self.budgets)):
+                    self._check_medium(row, position, kind, path)
+            except OmniRLError as err:
+                failures.append(RowFailure(row.id, row.source, str(err)))
+        return failures
+
+    def _check_medium(self, row: Row, position: int, kind: str, path: Path) -> None:
+        if self.index is not None:
+            try:
+                self.index.key(
+                    row.id, position, kind, path, self.budgets.params_digest(kind), self.budgets.params(kind)
+                )
+                return  # the cache holds it, whether or not the raw file is still there
+            except IndexMiss as miss:
+                if self.cache_mode == "cache_only":
+                    raise OmniRLError(f"{path}: {miss} (cache_mode cache_only)") from None
+        if not path.is_file():
+            raise OmniRLError(f"{path}: no such file")
+
+    def load_report(self) -> dict[str, int]:
+        """Rows read, used and refused at load (read = used + refused)."""
+        return {"data/rows_read": self.read, "data/rows_used": len(self.rows), "data/rows_refused": len(self.failures)}
+
     def _key(self, row: Row, position: int, kind: str, path: Path) -> str:
         """The cache key of a row's medium: from the index, or (prefer_cache) by hashing the file."""
         try:
-            return self.index.key(row.id, position, kind, path, self.budgets.params_digest(kind))
+            return self.index.key(
+                row.id, position, kind, path, self.budgets.params_digest(kind), self.budgets.params(kind)
+            )
         except IndexMiss as miss:
             if self.cache_mode == "cache_only":
                 raise OmniRLError(f"{path}: {miss}") from None
@@ -209,6 +267,7 @@ class MediaDataset:
             "data/cache_hits": self.cache_hits,
             "data/cache_misses": self.cache_misses,
             "data/index_misses": self.index_misses,
+            "data/cache_corrupt": self.cache_corrupt,
             "data/videos_without_sound": self.videos_without_sound,
         }
 
@@ -235,11 +294,25 @@ class MediaDataset:
         if self.cache is not None:
             key = self._key(row, position, kind, path)
             if self.cache.has(key):
-                self.cache_hits += 1
-                entry = self.cache.read(key)
-                return entry.tensors, entry.meta
+                try:
+                    entry = self.cache.read(key)
+                    self.cache_hits += 1
+                    return entry.tensors, entry.meta
+                except OmniRLError as err:
+                    if self.cache_mode == "cache_only":
+                        raise
+                    if not self.cache_corrupt:
+                        log.warning(
+                            "%s; decoding %s instead (omni-rl cache verify moves such entries aside and a rerun of "
+                            "preprocess rebuilds them; counted in data/cache_corrupt)",
+                            err,
+                            path,
+                        )
+                    self.cache_corrupt += 1
             if self.cache_mode == "cache_only":
                 raise OmniRLError(f"{path}: its entry {key} is not in the cache {self.cache.root} (removed by gc?)")
+            self.cache_misses += 1
+        elif self.uncached:
             self.cache_misses += 1
         tensors, meta = decode_medium(kind, path, self.budgets)
         return {name: _as_tensor(a) for name, a in tensors.items()}, meta
@@ -289,6 +362,38 @@ class MediaDataset:
         except OmniRLError as err:
             raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
         return sample
+
+
+MAX_REPORTED = 20
+
+
+def _report(data: Path, failures: list[RowFailure], strict: bool) -> None:
+    """Log each refused row once (the first ``MAX_REPORTED``, then a count); under
+    ``strict`` the first is an error."""
+    if strict:
+        first = failures[0]
+        raise OmniRLError(f"{first.path} {first.id}: {first.reason} (data.strict: {len(failures)} rows refused)")
+    for failure in failures[:MAX_REPORTED]:
+        log.warning("%s %s: %s (row skipped)", failure.path, failure.id or "", failure.reason)
+    if len(failures) > MAX_REPORTED:
+        more = len(failures) - MAX_REPORTED
+        log.warning("%s: %d more rows skipped (the run's data/rows_refused counts them all)", data, more)
+
+
+def _refuse_unknown_types(data: Path, problems) -> None:
+    """An error listing every unknown problem type with its rows (a typo, or a
+    plug-in scorer that is not loaded), before anything is built."""
+    unknown: dict[str, list] = {}
+    for problem in problems:
+        if problem.unknown_type is not None:
+            unknown.setdefault(problem.unknown_type, []).append(problem)
+    if not unknown:
+        return
+    lines = []
+    for rows in unknown.values():
+        where = ", ".join(f"{p.path} {p.id}" for p in rows[:3])
+        lines.append(f"{rows[0].reason} in {len(rows)} rows: {where}{' ...' if len(rows) > 3 else ''}")
+    raise OmniRLError(f"{data}: " + "; ".join(lines))
 
 
 def _as_tensor(array: np.ndarray):

@@ -67,7 +67,7 @@ def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None =
     model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width, **tiny)
     cache = str(Path(cfg.run.output_dir) / "cache")
     data = replace(recipe_cfg.data, train=str(rows), cache=cache, prompt_template=cfg.data.prompt_template)
-    run = replace(cfg.run, output_dir=str(run_dir))
+    run = replace(cfg.run, output_dir=str(run_dir), overwrite=True)  # a rerun of the quickstart starts afresh
     return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
 

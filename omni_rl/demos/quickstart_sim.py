@@ -44,7 +44,7 @@ def main(cfg: QuickstartSimConfig) -> dict:
         {
             "recipe": "flow_ppo",
             **{k: to_dict(getattr(cfg, k)) for k in ("env", "policy", "ppo", "trainer")},
-            "run": {**to_dict(cfg.run), "output_dir": str(out / "flow_ppo")},
+            "run": {**to_dict(cfg.run), "output_dir": str(out / "flow_ppo"), "overwrite": True},
             "bc": {**to_dict(cfg.bc), "demos": str(demos)},
         },
         "quickstart sim",

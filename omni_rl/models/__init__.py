@@ -19,9 +19,23 @@ from omni_rl.models.tokenizer import build_tokenizer
 __all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "load", "placeholder_token_ids"]
 
 
+def checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint directory ``path`` names: itself, or a training run's exported
+    ``model/``; anything else is an error saying where a run keeps its models."""
+    path = Path(path)
+    for candidate in (path, path / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise OmniRLError(
+        f"{path}: not a checkpoint directory (no config.json); a training run keeps its final model in "
+        "OUTPUT_DIR/model and each checkpoint's in OUTPUT_DIR/checkpoints/step-N/model"
+    )
+
+
 def family_of(path: str | Path) -> Family:
-    """The family of the checkpoint at ``path``, from its config.json's ``model_type``."""
-    config_file = Path(path) / "config.json"
+    """The family of the checkpoint at ``path`` (or a run's ``model/``), from its
+    config.json's ``model_type``."""
+    config_file = checkpoint_dir(path) / "config.json"
     try:
         model_type = json.loads(config_file.read_text())["model_type"]
     except FileNotFoundError:
@@ -41,7 +55,8 @@ def load(
     """Load a local checkpoint (tiny or released) and its processor.
 
     Args:
-        path: a directory written by ``save_pretrained``; nothing is downloaded.
+        path: a directory written by ``save_pretrained`` (or a training run's
+            directory, whose ``model/`` is loaded); nothing is downloaded.
         device: where the model's parameters go.
         dtype: parameter dtype (bfloat16 on GPUs, float32 on CPUs).
 
@@ -52,6 +67,7 @@ def load(
 
     from omni_rl.models import shared_prefix
 
+    path = checkpoint_dir(path)
     family = family_of(path)
     if family.loader is not None:
         model = family.loader(path, dtype)

@@ -5,6 +5,7 @@ files; optimizing goes through ``omni_rl.engine``."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,16 @@ def start_run(cfg, resume: str | None) -> Run:
     if device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     out = Path(cfg.run.output_dir)
+    previous = RUN_FILES & {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if previous and not resume:
+        if not cfg.run.overwrite:
+            raise OmniRLError(
+                f"{out} holds a run ({', '.join(sorted(previous))}): continue it with --resume auto, start afresh "
+                "with --overwrite (deletes them), or set another run.output_dir"
+            )
+        distributed.barrier()
+        if ranks.is_main:
+            clear_run(out)
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
@@ -49,13 +60,78 @@ def start_run(cfg, resume: str | None) -> Run:
     resume_from = None
     if resume == "auto":
         resume_from = checkpoint.latest(out)
+        say(ranks, f"resuming from {resume_from}" if resume_from else f"nothing to resume in {out}: starting at step 0")
     elif resume:
         resume_from = Path(resume)
         if not (resume_from / "state.json").is_file():
             raise OmniRLError(f"{resume_from}: not a checkpoint (no state.json)")
+        say(ranks, f"resuming from {resume_from}")
     if resume_from is not None:
         checkpoint.check_world_size(resume_from, ranks.world_size)
+    say(ranks, f"writing to {out} (config.yaml, metrics.jsonl, checkpoints/)")
     return Run(out, ranks, device, resume_from)
+
+
+# what a training run writes into its output_dir (a rerun without --resume refuses them)
+RUN_FILES = {
+    "metrics.jsonl",
+    "checkpoints",
+    "tensorboard",
+    "eval",
+    "best",
+    "model",
+    "summary.json",
+    "wandb",
+    "wandb_run_id",
+}
+
+
+def clear_run(out: Path) -> None:
+    """Delete what a previous run wrote into ``out`` (``run.overwrite``)."""
+    import shutil
+
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+
+def last_row(out: Path) -> dict:
+    """The last metrics row a run wrote (what a finished run returns when resumed)."""
+    path = out / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def say(ranks: Ranks, message: str) -> None:
+    """A line for the user on stderr (rank 0 only)."""
+    if ranks.is_main:
+        print(f"omni-rl: {message}", file=sys.stderr, flush=True)
+
+
+def finish_run(run: Run, step: int, datasets: dict, row: dict) -> dict:
+    """Link ``OUTPUT_DIR/model`` to the final model (the best one when
+    ``trainer.best_metric`` kept one, else the last checkpoint's), write
+    ``summary.json`` (the step reached, the model, and each dataset's rows read, used
+    and refused, which add up, with its cache use) and say where the model is."""
+    best, last = run.out / "best" / "model", checkpoint.latest(run.out)
+    final = best if best.is_dir() else (last / "model" if last is not None else None)
+    summary = {"step": step, "model": None, "data": {}, "last_metrics": row}
+    for name, dataset in datasets.items():
+        # every rank loads all rows, and reads only its share of the media
+        summary["data"][name] = {**dataset.load_report(), **distributed.sum_counts(dataset.cache_metrics())}
+    if run.ranks.is_main and final is not None:
+        link = run.out / "model"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(final.relative_to(run.out), target_is_directory=True)
+        summary["model"] = str(link)
+    if run.ranks.is_main:
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        say(run.ranks, f"final model: {summary['model']} (-> {final}); summary: {run.out / 'summary.json'}")
+    return summary
 
 
 def setup_model(cfg, run: Run, with_reference: bool = False):
@@ -125,8 +201,16 @@ def setup_data(cfg):
     if not data.train:
         raise OmniRLError("data.train must name a dataset file")
     dataset = MediaDataset(
-        data.train, Budgets.from_config(cfg.media), data.cache, data.cache_mode, data.strict, data.prompt_template
+        data.train,
+        Budgets.from_config(cfg.media),
+        data.cache,
+        data.cache_mode,
+        data.strict,
+        data.prompt_template,
+        data.columns,
     )
+    if not len(dataset):
+        raise OmniRLError(f"{data.train}: no usable rows ({len(dataset.failures)} refused; the log lists why)")
     return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
 
 
@@ -145,8 +229,13 @@ def resume_steps(cfg, run: Run, engine, sampler, desc: str):
         state = checkpoint.load(engine, run.resume_from)
         sampler.load_state_dict(state["sampler"])
         start = state["step"]
-    log = MetricsLog(run.out, start if run.resume_from else None, run.ranks.is_main, cfg.trainer.log_every)
+    log = MetricsLog(run.out, start if run.resume_from else None, run.ranks.is_main, cfg.trainer.log_every, cfg)
     steps = cfg.trainer.steps
+    if start >= steps:
+        say(
+            run.ranks,
+            f"the run finished at step {start} (trainer.steps={steps}): nothing to train; raise trainer.steps to go on",
+        )
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, disable=not run.ranks.is_main)
     return log, bar
 
@@ -213,19 +302,39 @@ class Timer:
 
 
 class MetricsLog:
-    """Per-step metrics as JSONL (``metrics.jsonl``) and TensorBoard events, written by
-    rank 0 only, every ``every`` steps and whenever ``force`` is set (the last step).
+    """Per-step metrics, written by rank 0 only, every ``every`` steps and whenever
+    ``force`` is set (the last step), to each backend ``cfg.logging`` enables:
+    ``metrics.jsonl`` (always), TensorBoard events under ``tensorboard/`` and a wandb run.
 
-    Resuming from step k keeps the rows of steps <= k and drops later ones (the resumed
-    run redoes them), so the file ends up as the uninterrupted run's.
+    Resuming from step k keeps the JSONL rows of steps <= k and drops later ones (the
+    resumed run redoes them), so the file ends up as the uninterrupted run's; TensorBoard
+    hides the dropped steps' events too (``purge_step``). wandb cannot drop logged rows: a
+    resumed run appends to the same wandb run (its id is kept in ``wandb_run_id``), plotted
+    against the ``step`` key, so steps a killed run logged past its checkpoint show twice.
+
+    Args:
+        cfg: the run's root config, whose ``logging`` section picks the backends and
+            which wandb records (resolved, with ``run.name`` as the run's name); None
+            writes JSONL and TensorBoard only.
     """
 
-    def __init__(self, out: Path, resumed_step: int | None, enabled: bool = True, every: int = 1):
+    def __init__(self, out: Path, resumed_step: int | None, enabled: bool = True, every: int = 1, cfg=None):
         self.path = out / "metrics.jsonl"
         self.enabled, self.every = enabled, every
-        self.writer = None
+        self.writer = self.wandb = None
+        backends = cfg.logging.backends if cfg is not None else ["jsonl", "tensorboard"]
+        if "wandb" in backends:
+            # every rank checks, so a missing package stops them all before training
+            try:
+                import wandb
+            except ImportError:
+                raise OmniRLError(
+                    "logging.backends lists 'wandb' but the wandb package is not installed: "
+                    "pip install -e '.[wandb]' (or drop wandb from logging.backends)"
+                ) from None
         if not enabled:
             return
+        out.mkdir(parents=True, exist_ok=True)
         if resumed_step is None:
             self.path.unlink(missing_ok=True)
         elif self.path.exists():
@@ -233,9 +342,13 @@ class MetricsLog:
                 line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resumed_step
             ]
             self.path.write_text("".join(line + "\n" for line in kept))
-        from torch.utils.tensorboard import SummaryWriter
+        if "tensorboard" in backends:
+            from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(out / "tensorboard"))
+            purge = resumed_step + 1 if resumed_step is not None else None
+            self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=purge)
+        if "wandb" in backends:
+            self.wandb = self._wandb_run(wandb, cfg, out, resumed=resumed_step is not None)
 
     def due(self, step: int, force: bool = False) -> bool:
         """Whether step ``step``'s row is written (the same answer on every rank)."""
@@ -246,10 +359,49 @@ class MetricsLog:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)):
+        scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        if self.writer is not None:
+            for key, value in scalars.items():
                 self.writer.add_scalar(key, value, row["step"])
+        if self.wandb is not None:
+            self.wandb.log({"step": row["step"], **scalars})
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+    @staticmethod
+    def _wandb_run(wandb, cfg, out: Path, resumed: bool):
+        """A wandb run for ``cfg`` under ``out``: a fresh run gets a new id, saved to
+        ``out/wandb_run_id``; a resumed one reuses the saved id, so wandb appends to it (an
+        offline run writes a second folder with that id, and ``wandb sync`` merges them)."""
+        import uuid
+
+        from omni_rl.config import recipe_name, to_dict
+
+        section = cfg.logging
+        id_file = out / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resumed and id_file.is_file() else ""
+        if not run_id:
+            run_id = uuid.uuid4().hex[:8]  # wandb's own id format: 8 of [0-9a-z]
+            tmp = id_file.with_name(id_file.name + ".tmp")
+            tmp.write_text(run_id + "\n")
+            tmp.replace(id_file)
+        root = Path(section.wandb_dir) if section.wandb_dir else out
+        root.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(
+            project=section.wandb_project,
+            name=cfg.run.name,
+            id=run_id,
+            resume="allow",
+            dir=str(root),
+            mode=section.wandb_mode,
+            config={"recipe": recipe_name(cfg), **to_dict(cfg)},
+        )
+        # x axis: the trainer's step, not wandb's own counter (which a resumed run continues)
+        run.define_metric("step")
+        run.define_metric("*", step_metric="step")
+        return run

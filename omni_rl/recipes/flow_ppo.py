@@ -336,7 +336,7 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
         state = checkpoint.load(engine, run.resume_from)
         start, summary = state["step"], state["summary"]
         stream.set_state(torch.tensor(state["stream"], dtype=torch.uint8))
-    log = MetricsLog(run.out, start if run.resume_from is not None else None, enabled=run.ranks.is_main)
+    log = MetricsLog(run.out, start if run.resume_from is not None else None, enabled=run.ranks.is_main, cfg=cfg)
     if run.resume_from is None:
         log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)
 

@@ -10,6 +10,7 @@ from omni_rl.config import FieldError, require
 from omni_rl.engine.config import Precision, Strategy
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.recipes import register_recipe
+from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.runtime import RunConfig
 from omni_rl.sim.config import SimEnvConfig
 
@@ -109,6 +110,8 @@ class FlowPPOConfig:
 
     run: RunConfig = field(default_factory=lambda: RunConfig(name="flow_ppo", output_dir="runs/flow_ppo"))
     """Output directory, seed and hardware."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics backends: jsonl, tensorboard, wandb."""
     env: SimEnvConfig = field(default_factory=SimEnvConfig)
     """The environments."""
     policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)

@@ -33,6 +33,8 @@ from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Timer,
+    finish_run,
+    last_row,
     model_dir,
     pack_by_tokens,
     per_rank,
@@ -275,9 +277,9 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     checkpoint directory."""
     run = start_run(cfg, resume)
     load_plugins(cfg.rewards.custom)
+    dataset, sampler = setup_data(cfg)  # every row checked before the model is built
+    heldout = HeldOut.for_run(cfg, run.out)
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
-    dataset, sampler = setup_data(cfg)
-    heldout = HeldOut.for_run(cfg, run.out, model_dir(cfg, run.out))
     total = cfg.trainer.steps * _updates_per_step(cfg)
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
     if reference is not None:
@@ -330,6 +332,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **engine.metrics(),
             "scorer_errors": sum("error" in r.details for r, _, _ in everything),
             **distributed.sum_counts(dataset.cache_metrics()),
+            **dataset.load_report(),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
         evaluated = heldout.add_to(row, engine, processor)
@@ -338,7 +341,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # CHECKPOINT
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
-    return row
+    finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
+    return row or last_row(run.out)
 
 
 def _rows(chunk: list[int], n: int) -> list[int]:

@@ -11,6 +11,7 @@ from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
 from omni_rl.recipes import register_recipe
+from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.registry import did_you_mean
 from omni_rl.rewards.config import RewardsConfig
 from omni_rl.rollout.config import RolloutConfig
@@ -89,6 +90,8 @@ class GRPOConfig:
 
     run: RunConfig = field(default_factory=lambda: RunConfig(name="grpo", output_dir="runs/grpo"))
     """Output directory, seed and hardware."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics backends: jsonl, tensorboard, wandb."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
     data: DataConfig = field(default_factory=DataConfig)

@@ -45,7 +45,9 @@ class HeldOut:
             if spec.benchmark is None:
                 budgets = Budgets.from_config(cfg.media)
                 data = cfg.data
-                dataset = MediaDataset(spec.data, budgets, data.cache, data.cache_mode, False, data.prompt_template)
+                dataset = MediaDataset(
+                    spec.data, budgets, data.cache, data.cache_mode, False, data.prompt_template, data.columns
+                )
                 self.sets.append(_Set(spec, dataset))
             else:
                 self.sets.append(self._benchmark(spec, family))
@@ -76,10 +78,15 @@ class HeldOut:
         return _Set(spec, dataset, prepared)
 
     @classmethod
-    def for_run(cls, cfg, out: Path, model_path: Path) -> HeldOut:
+    def for_run(cls, cfg, out: Path) -> HeldOut:
+        """The run's eval sets, for its model's family (read before the model is built)."""
         from omni_rl.models import family_of
 
-        return cls(cfg, out, family_of(model_path).name)
+        return cls(cfg, out, family_of(cfg.model.path).name if cfg.model.path else cfg.model.tiny_family)
+
+    def datasets(self) -> dict:
+        """Each set's dataset, by ``eval/NAME`` (for the run's summary)."""
+        return {f"eval/{s.spec.name}": s.dataset for s in self.sets}
 
     def due(self, step: int) -> bool:
         every, last = self.cfg.trainer.eval_every, self.cfg.trainer.steps

@@ -17,7 +17,8 @@ from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion, collate_prompts
 from omni_rl.recipes.common import (
     Timer,
-    model_dir,
+    finish_run,
+    last_row,
     pack_by_tokens,
     per_rank,
     resume_steps,
@@ -91,9 +92,9 @@ def _target_nll(model, batch: dict, labels, tokens: float):
 def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     """Run SFT; returns the last step's metrics."""
     run = start_run(cfg, resume)
+    dataset, sampler = setup_data(cfg)  # every row checked before the model is built
+    heldout = HeldOut.for_run(cfg, run.out)
     model, processor, _ = setup_model(cfg, run)
-    dataset, sampler = setup_data(cfg)
-    heldout = HeldOut.for_run(cfg, run.out, model_dir(cfg, run.out))
     engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
     log, bar = resume_steps(cfg, run, engine, sampler, "sft")
@@ -134,6 +135,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
             **distributed.sum_counts({**dataset.cache_metrics(), "skipped/bad_rows": skipped[0]}),
+            **dataset.load_report(),
             **engine.metrics(),
             **distributed.mean_metrics(timer.metrics()),
         }
@@ -142,4 +144,5 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         bar.set_postfix(loss=f"{row['loss/sft']:.3f}")
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
-    return row
+    finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
+    return row or last_row(run.out)

@@ -9,6 +9,7 @@ from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
 from omni_rl.recipes import register_recipe
+from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.runtime import RunConfig
 
 
@@ -27,6 +28,8 @@ class SFTConfig:
 
     run: RunConfig = field(default_factory=lambda: RunConfig(name="sft", output_dir="runs/sft"))
     """Output directory, seed and hardware."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics backends: jsonl, tensorboard, wandb."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     data: DataConfig = field(default_factory=DataConfig)

@@ -1,0 +1,225 @@
+"""A new user's mistakes, replayed on a small dataset: each is reported with its file,
+row and reason, and training either skips the row before step 1 or stops before the
+model is built. Also the row format's README section and example file."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+
+from omni_rl.cli import main
+from omni_rl.preprocess.rows import read_rows
+
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
+MEDIA = {"min_frames": 2, "max_frames": 4, "video_min_pixels": 3136, "video_max_pixels": 6272}
+
+
+def dataset(tmp_path: Path, *extra: dict) -> Path:
+    """Four good video rows (the example clip) plus ``extra`` rows."""
+    shutil.copytree(EXAMPLES / "media", tmp_path / "data" / "media")
+    good = [
+        {"id": f"good-{i}", "problem": "Which way does the square move?", "problem_type": "multiple_choice",
+         "answer": "B", "options": ["left", "right"], "videos": ["media/square_right.mp4"]}
+        for i in range(4)
+    ]  # fmt: skip
+    path = tmp_path / "data" / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*good, *extra]))
+    return path
+
+
+def config(tmp_path: Path, rows: Path, **sections) -> Path:
+    raw = {
+        "recipe": "sft",
+        "run": {"output_dir": str(tmp_path / "run"), "threads": 2},
+        "model": {"tiny_family": "qwen2_5_vl"},
+        "data": {"train": str(rows), "prompts_per_step": 2},
+        "media": MEDIA,
+        "trainer": {"steps": 1},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def train(tmp_path, rows, *args, **sections) -> int:
+    return main(["train", str(config(tmp_path, rows, **sections)), *args])
+
+
+def metrics(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_misspelt_media_key_is_named_with_the_key_it_means(tmp_path, caplog):
+    data = dataset(tmp_path, {"id": "typo", "problem": "q", "problem_type": "counting", "answer": 1,
+                              "video": ["media/square_right.mp4"]})  # fmt: skip
+    assert train(tmp_path, data) == 0
+    warning = next(r.getMessage() for r in caplog.records if "unknown key 'video'" in r.getMessage())
+    assert warning.startswith(f"{data}:5: unknown key 'video' (did you mean 'videos'?) in 1 rows")
+    assert "data.columns: {video: videos}" in warning
+    # --strict refuses the row (before step 1), and a column mapping uses it as meant
+    rows, failures = read_rows(data, strict=True)
+    assert [(f.id, f.path) for f in failures] == [("typo", f"{data}:5")] and len(rows) == 4
+    rows, failures = read_rows(data, columns={"video": "videos"})
+    assert not failures and rows[-1].videos == ("media/square_right.mp4",)
+
+
+def test_dropped_rows_are_reported_and_counted(tmp_path, caplog, capsys):
+    data = dataset(
+        tmp_path,
+        {"id": "no-answer", "question": "q", "problem_type": "counting", "answer": 1},
+        {"id": "bad-gold", "problem": "q", "problem_type": "multiple_choice", "answer": "Z", "options": ["a", "b"]},
+    )
+    assert train(tmp_path, data) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"{data}:5 no-answer: 'problem' must be a non-empty string (the row has 'question'")
+               for m in messages)  # fmt: skip
+    assert any(m.startswith(f"{data}:6 bad-gold: multiple_choice answer 'Z'") for m in messages)
+    row = metrics(tmp_path)[-1]
+    assert (row["data/rows_read"], row["data/rows_used"], row["data/rows_refused"]) == (6, 4, 2)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["data"]["train"]["data/rows_read"] == 6 and summary["data"]["train"]["data/rows_refused"] == 2
+    # eval says how many rows it read, scored and refused
+    model = tmp_path / "run"
+    assert main(["eval", "--model", str(model), "--data", str(data), "--max-new-tokens", "2"]) == 0
+    assert "6 rows read: 4 scored, 2 refused when loading, 0 skipped" in capsys.readouterr().out
+
+
+def test_bad_media_paths_are_refused_before_step_1(tmp_path, caplog):
+    outside = tmp_path / "elsewhere.mp4"
+    shutil.copy(EXAMPLES / "media" / "square_right.mp4", outside)
+    data = dataset(
+        tmp_path,
+        {"id": "escapes", "problem": "q", "problem_type": "counting", "answer": 1, "videos": ["../elsewhere.mp4"]},
+        {"id": "missing", "problem": "q", "problem_type": "counting", "answer": 1, "videos": ["media/gone.mp4"]},
+    )
+    assert train(tmp_path, data) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        re.match(rf"{re.escape(str(data))}:5 escapes: media path \.\./elsewhere\.mp4 escapes ", m) for m in messages
+    )
+    assert any(m.startswith(f"{data}:6 missing: ") and "gone.mp4: no such file" in m for m in messages)
+    assert metrics(tmp_path)[-1]["data/rows_refused"] == 2
+    # --strict (data.strict): the first bad row stops the run before the model is built
+    assert train(tmp_path / "strict", data, data={"strict": True}) == 2
+    assert not (tmp_path / "strict" / "run" / "tiny_model").exists()
+
+
+def test_an_unknown_type_stops_before_the_model_is_built_naming_its_rows(tmp_path, capsys):
+    data = dataset(
+        tmp_path, *[{"id": f"t{i}", "problem": "q", "problem_type": "countng", "answer": 1} for i in range(2)]
+    )
+    assert train(tmp_path, data) == 2
+    err = capsys.readouterr().err
+    assert "unknown problem type 'countng' (did you mean 'counting'?)" in err
+    assert f"in 2 rows: {data}:5 t0, {data}:6 t1" in err
+    assert not (tmp_path / "run" / "tiny_model").exists()
+    assert main(["rewards", "check", str(data)]) == 1  # every problem, not the first
+    out = capsys.readouterr().out
+    assert out.count("unknown problem type 'countng'") == 2
+
+
+def test_stale_media_settings_say_which_setting_differs(tmp_path, capsys):
+    data = dataset(tmp_path)
+    cache = tmp_path / "cache"
+    base = config(tmp_path, data, data={"cache": str(cache)})
+    assert main(["preprocess", str(data), "--cache", str(cache), "--config", str(base)]) == 0
+    capsys.readouterr()
+    # the training config samples at another rate: under cache_only every row is refused, saying why
+    code = train(tmp_path / "stale", data, data={"cache": str(cache), "cache_mode": "cache_only"}, media={"fps": 1.0})
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no usable rows (4 refused" in err
+    assert not (tmp_path / "stale" / "run" / "tiny_model").exists()
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.preprocess.config import MediaConfig
+    from omni_rl.preprocess.pipeline import Budgets
+
+    stale = MediaDataset(data, Budgets.from_config(MediaConfig(**MEDIA, fps=1.0)), cache, "cache_only")
+    assert "video.fps: cached 2.0, this run 1.0" in stale.failures[0].reason
+    # prefer_cache with the preprocess config's settings: every medium is a hit, logged per step
+    assert train(tmp_path / "hit", data, data={"cache": str(cache)}) == 0
+    row = metrics(tmp_path / "hit")[-1]
+    assert row["data/cache_hits"] == 2 and row["data/cache_misses"] == 0
+
+
+def test_a_corrupt_entry_is_moved_aside_and_rebuilt_by_preprocess(tmp_path, capsys):
+    from omni_rl.preprocess.cache import MediaCache
+
+    data = dataset(tmp_path)
+    cache = tmp_path / "cache"
+    assert main(["preprocess", str(data), "--cache", str(cache)]) == 0
+    [key] = MediaCache(cache).entry_keys()
+    entry = MediaCache(cache).path(key)
+    blob = bytearray(entry.read_bytes())
+    blob[-5] ^= 0xFF  # a flipped bit in the tensor bytes
+    entry.write_bytes(bytes(blob))
+    capsys.readouterr()
+    assert main(["cache", "verify", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert f"corrupt: {entry}: tensor bytes do not match their digest; moved to {cache}/corrupt/" in out
+    assert "rerun omni-rl preprocess" in out
+    assert main(["preprocess", str(data), "--cache", str(cache)]) == 0
+    assert main(["cache", "verify", str(cache)]) == 0 and "1 ok, 0 corrupt" in capsys.readouterr().out
+
+
+def test_cache_commands_refuse_a_directory_that_is_not_a_cache(tmp_path, capsys):
+    assert main(["cache", "stats", str(tmp_path / "nowhere")]) == 2
+    assert "no such cache directory" in capsys.readouterr().err
+    (tmp_path / "plain").mkdir()
+    assert main(["cache", "verify", str(tmp_path / "plain")]) == 2
+    assert "not an omni_rl media cache" in capsys.readouterr().err
+
+
+def test_run_directories_overwrite_and_resume_messages(tmp_path, capsys):
+    data = dataset(tmp_path)
+    assert train(tmp_path, data) == 0
+    err = capsys.readouterr().err
+    run = tmp_path / "run"
+    assert f"omni-rl: writing to {run}" in err
+    assert f"omni-rl: final model: {run}/model (-> {run}/checkpoints/step-00000001/model)" in err
+    assert (run / "model" / "config.json").is_file()
+    # the run directory is a model for eval
+    assert main(["eval", "--model", str(run), "--data", str(data), "--max-new-tokens", "2"]) == 0
+    capsys.readouterr()
+    # a rerun into it: an error offering --resume auto and --overwrite, before anything is built
+    assert train(tmp_path, data) == 2
+    err = capsys.readouterr().err
+    assert f"{run} holds a run" in err and "--resume auto" in err and "--overwrite" in err
+    assert train(tmp_path, data, "--resume", "auto") == 0
+    assert "the run finished at step 1 (trainer.steps=1): nothing to train" in capsys.readouterr().err
+    assert train(tmp_path, data, "--overwrite") == 0
+    assert len(metrics(tmp_path)) == 1
+    assert train(tmp_path / "fresh", data, "--resume", "auto") == 0
+    assert f"nothing to resume in {tmp_path / 'fresh' / 'run'}: starting at step 0" in capsys.readouterr().err
+    # a directory that holds no model says where models live
+    assert main(["eval", "--model", str(tmp_path), "--data", str(data)]) == 2
+    assert "OUTPUT_DIR/checkpoints/step-N/model" in capsys.readouterr().err
+
+
+def test_the_readme_row_format_and_the_example_file(tmp_path):
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.preprocess.config import MediaConfig
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.rewards import SCORERS
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The row format", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
+    assert {"id", "problem", "problem_type", "answer", "options"} <= documented
+    types = {t for t in documented if t in SCORERS}
+    assert types == {n for n in SCORERS.names() if n in documented} and len(types) >= 12
+    assert "examples/rows.jsonl" in section
+    example = MediaDataset(
+        EXAMPLES / "rows.jsonl", Budgets.from_config(MediaConfig(**MEDIA, family="qwen2_5_omni_thinker"))
+    )
+    assert not example.failures and len(example) == 11
+    assert {r.problem_type for r in example.rows} <= types
+    assert all(example[i].messages for i in range(len(example)))  # every medium decodes
