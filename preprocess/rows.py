@@ -90,8 +90,10 @@ class RowFailure:
 def _missing(raw: dict, key: str, what: str) -> str:
     """Why ``key`` is unusable, naming a key of the row that probably meant it."""
     stand_ins = [k for k in raw if k not in SCHEMA_KEYS and meant_key(k) == key]
-    hint = f" (the row has '{stand_ins[0]}': rename it or map it with data.columns: {{{stand_ins[0]}: {key}}})"
-    return f"'{key}' {what}{hint if stand_ins else ''}"
+    if not stand_ins:
+        return f"'{key}' {what}"
+    other = stand_ins[0]
+    return f"'{key}' {what} (the row has '{other}': rename it or map it with data.columns: {{{other}: {key}}})"
 
 
 def check_row(raw: object) -> Row | str:
