@@ -11,6 +11,7 @@ schema's (``{"question": "problem", "video": "videos"}``) before the checks.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from collections.abc import Iterator
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_rl.errors import OmniRLError
-from omni_rl.registry import closest
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,10 @@ def meant_key(key: str) -> str | None:
         return lower
     if lower in LIKELY:
         return LIKELY[lower]
-    match = closest(lower, SCHEMA_KEYS)
-    return match if match is not None and len(lower) > 3 and _near(lower, match) else None
-
-
-def _near(a: str, b: str) -> bool:
-    import difflib
-
-    return difflib.SequenceMatcher(None, a, b).ratio() >= 0.85
+    if len(lower) <= 3:  # "ids", "src": too short to guess from
+        return None
+    close = difflib.get_close_matches(lower, SCHEMA_KEYS, n=1, cutoff=0.85)
+    return close[0] if close else None
 
 
 @dataclass(frozen=True)

@@ -354,7 +354,7 @@ def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
     bench_fixtures.mvbench(tmp_path / "mvbench")
     data = {
         "eval": [
-            {"data": str(shapes), "name": "held", "limit": 3, "max_new_tokens": 6},
+            {"data": str(shapes), "name": "held", "limit": 3, "max_new_tokens": 6, "batch_prompts": 2},
             {"benchmark": "mvbench", "data": str(tmp_path / "mvbench"), "protocol": {"nframes": 4}},
         ]
     }

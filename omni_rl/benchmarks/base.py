@@ -192,6 +192,23 @@ def media_file(root: Path, candidates: list[str]) -> Path | None:
     return None
 
 
+def find_table(root: Path, *patterns: str) -> Path | None:
+    """The first file under ``root`` matching the first pattern that matches any
+    (patterns are relative globs, tried in order)."""
+    for pattern in patterns:
+        found = sorted(root.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def option_texts(options) -> list[str]:
+    """Options as plain texts: "A. chair" -> "chair" (the prompt letters them again)."""
+    from omni_rl.rewards.choice import OPTION_PREFIX
+
+    return [OPTION_PREFIX.sub("", str(o)) for o in options or []]
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

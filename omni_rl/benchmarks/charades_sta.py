@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omni_rl.benchmarks.base import Benchmark, Protocol, Reading, Scored, mean, read_table, register_benchmark, render
+from omni_rl.benchmarks.base import (
+    Benchmark,
+    Protocol,
+    Reading,
+    Scored,
+    find_table,
+    mean,
+    read_table,
+    register_benchmark,
+    render,
+)
 
 # lmms-eval's prompt, its spelling kept ("seonds") so that prompts match token for token
 PROTOCOL = Protocol(
@@ -56,8 +66,8 @@ def _queries(root: Path):
                 span = f"expected 'VIDEOID START END##sentence', got {line[:80]!r}"
             yield f"{text}:{number}", parts[0] if parts else "", sentence.strip(), span
         return
-    tables = sorted((root / "data").glob("test-*.parquet")) or sorted(root.glob("*.parquet"))
-    for table in tables[:1]:
+    table = find_table(root, "data/test-*.parquet", "*.parquet")
+    if table is not None:
         for index, record in enumerate(read_table(table)):
             stamp = record.get("timestamp")
             span = [float(x) for x in stamp] if isinstance(stamp, (list, tuple)) and len(stamp) == 2 else "no timestamp"

@@ -69,7 +69,8 @@ def prepare(
     failures += [
         RowFailure(p.id, p.path, f"{p.reason} (answer_parser {protocol.answer_parser})") for p in unscorable.values()
     ]
-    rows = {r["id"]: r for r in reading.rows if r["id"] not in unscorable and r["id"] not in {b.id for b in bad}}
+    refused = set(unscorable) | {b.id for b in bad}
+    rows = {r["id"]: r for r in reading.rows if r["id"] not in refused}
     if failures:
         first = failures[0]
         log.warning("%s: %d rows cannot be used, first: %s: %s", name, len(failures), first.path, first.reason)

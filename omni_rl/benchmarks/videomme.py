@@ -21,9 +21,11 @@ from omni_rl.benchmarks.base import (
     Reading,
     Scored,
     accuracy,
+    find_table,
     grouped,
     lettered,
     media_file,
+    option_texts,
     read_table,
     register_benchmark,
     render,
@@ -51,7 +53,6 @@ SUBTITLE_PROTOCOL = Protocol(
     answer_parser="multiple_choice",
     metric="accuracy",
 )
-OPTION_LABEL = re.compile(r"^\s*[A-J]\s*[.):]\s*")
 SRT_TIME = re.compile(r"(\d+):(\d+):(\d+)[,.](\d+)\s*-->\s*(\d+):(\d+):(\d+)[,.](\d+)")
 TAG = re.compile(r"<[^>]+>")
 KEPT = ("video_id", "videoID", "duration", "domain", "sub_category", "task_type")
@@ -111,15 +112,10 @@ def _subtitles(root: Path, video_id: str, video: Path, protocol: Protocol) -> st
     return subtitles_at(parse_srt(srt.read_text(encoding="utf-8", errors="replace")), frame_times(frames, fps, n))
 
 
-def _table(root: Path) -> Path | None:
-    found = sorted((root / "videomme").glob("*.parquet")) or sorted(root.glob("*.parquet"))
-    return found[0] if found else None
-
-
 def reader(with_subtitles: bool):
     def read(root: Path, protocol: Protocol) -> Reading:
         reading = Reading()
-        table = _table(root)
+        table = find_table(root, "videomme/*.parquet", "*.parquet")
         if table is None:
             return reading
         for index, record in enumerate(read_table(table)):
@@ -130,7 +126,7 @@ def reader(with_subtitles: bool):
             if video is None:
                 reading.fail(row_id, where, f"video data/{video_id}.mp4 not found under {root}")
                 continue
-            options = [OPTION_LABEL.sub("", str(o)) for o in record.get("options") or []]
+            options = option_texts(record.get("options"))
             answer = str(record.get("answer", "")).strip()
             if answer not in "ABCDEFGHIJ"[: len(options)] or not answer:
                 reading.fail(row_id, where, f"answer {answer!r} is not a letter of the {len(options)} options")

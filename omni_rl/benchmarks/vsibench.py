@@ -11,7 +11,6 @@ Multiple-choice types score accuracy; numeric types score the mean relative accu
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,12 @@ from omni_rl.benchmarks.base import (
     Protocol,
     Reading,
     Scored,
+    find_table,
     grouped,
     lettered,
     mean,
     media_file,
+    option_texts,
     read_table,
     register_benchmark,
     render,
@@ -51,7 +52,6 @@ PROTOCOL = Protocol(
 )
 # as VSI-Bench computes them: numpy.linspace(0.50, 0.95, 10)
 THRESHOLDS = [float(t) for t in np.linspace(0.5, 0.95, 10)]
-OPTION_LABEL = re.compile(r"^\s*[A-J]\s*[.):]\s*")
 
 
 def mean_relative_accuracy(predicted: float, gold: float) -> float:
@@ -63,17 +63,9 @@ def mean_relative_accuracy(predicted: float, gold: float) -> float:
     return sum(error <= 1 - t for t in THRESHOLDS) / len(THRESHOLDS)
 
 
-def _table(root: Path) -> Path | None:
-    for pattern in ("test-*.parquet", "test.jsonl", "*.parquet"):
-        found = sorted(root.glob(pattern))
-        if found:
-            return found[0]
-    return None
-
-
 def read(root: Path, protocol: Protocol) -> Reading:
     reading = Reading()
-    table = _table(root)
+    table = find_table(root, "test-*.parquet", "test.jsonl", "*.parquet")
     if table is None:
         return reading
     for index, record in enumerate(read_table(table)):
@@ -87,7 +79,7 @@ def read(root: Path, protocol: Protocol) -> Reading:
             reading.fail(row_id, where, f"video {record.get('dataset')}/{record.get('scene_name')}.mp4 not found")
             continue
         gold = str(record.get("ground_truth", "")).strip()
-        options = [OPTION_LABEL.sub("", str(o)) for o in record.get("options") or []]
+        options = option_texts(record.get("options"))
         row = {
             "id": row_id,
             "origin": where,

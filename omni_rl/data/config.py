@@ -29,11 +29,15 @@ class EvalSetConfig:
     limit: int = 0
     """Evaluate this many rows, spread evenly over the set (and a benchmark's tasks);
     0: all."""
+    batch_prompts: int = 8
+    """Prompts answered together; each rank prefills them at once (a 7B model on long
+    videos wants 1 or 2: one 64-frame prompt is about 12k tokens)."""
 
     def __post_init__(self):
         require(bool(self.data), "data", "name the rows file or the benchmark's directory")
         require(self.samples >= 1, "samples", "must be >= 1")
         require(self.limit >= 0, "limit", "must be >= 0")
+        require(self.batch_prompts >= 1, "batch_prompts", "must be >= 1")
         if self.benchmark is not None:
             from omni_rl.benchmarks import BENCHMARKS
 

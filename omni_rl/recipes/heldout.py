@@ -129,7 +129,9 @@ class HeldOut:
             sampling = SamplingParams(temperature, max_new_tokens=s.spec.max_new_tokens)
         mine = list(range(ranks.rank, len(s.dataset), ranks.world_size))
         with torch.no_grad():
-            answered, failures = generate_answers(model, processor, s.dataset, sampling, samples, mine, progress=False)
+            answered, failures = generate_answers(
+                model, processor, s.dataset, sampling, samples, mine, s.spec.batch_prompts, progress=False
+            )
         answered = distributed.gather_objects([(sample.id, texts) for sample, texts in answered])
         failures = distributed.gather_objects(failures)
         if s.prepared is not None:
