@@ -35,8 +35,8 @@ def make_vec_env(
         seed: env i's first episode is seeded ``seed + i``.
         max_episode_steps: time limit; default: the task's own.
         ignore_terminations: end episodes only at the time limit, also after success.
-        **maniskill_options: ``obs_mode`` and ``control_mode`` of a ManiSkill task (see
-            :func:`omni_rl.sim.maniskill.make_maniskill_env`).
+        **maniskill_options: ``obs_mode``, ``control_mode`` and ``reward_mode`` of a
+            ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`).
     """
     if task == POINT_MASS:
         return _point_mass(num_envs, backend, seed, max_episode_steps, ignore_terminations, maniskill_options)
@@ -61,10 +61,12 @@ def _point_mass(
     from omni_rl.sim.point_mass import PointMassEnv
 
     # the flow recipe passes a ManiSkill env section through unchanged; PointMass has no
-    # observation or control modes to choose
-    unknown = sorted(set(options) - {"obs_mode", "control_mode"})
+    # observation or control modes to choose, and one reward
+    unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"})
     if unknown:
         raise OmniRLError(f"{POINT_MASS}: unexpected options {', '.join(unknown)}")
+    if options.get("reward_mode", "normalized_dense") != "normalized_dense":
+        raise OmniRLError(f"{POINT_MASS}: has one reward (distance gained, 1 on reaching); leave env.reward_mode unset")
     device = resolve_device({"gpu": "cuda"}.get(backend, backend))
     steps = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     return PointMassEnv(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps)

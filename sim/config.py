@@ -22,6 +22,8 @@ class SimEnvConfig:
     """Observation mode (state vectors)."""
     control_mode: str = "pd_ee_delta_pos"
     """Controller the actions drive."""
+    reward_mode: Literal["normalized_dense", "dense", "sparse"] = "normalized_dense"
+    """ManiSkill's reward: dense shaping scaled to at most 1 per step, unscaled, or 1 on success."""
     max_episode_steps: int = 50
     """Episode length; one training iteration runs one episode's worth of steps per env."""
     ignore_terminations: bool = True

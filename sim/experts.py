@@ -19,6 +19,7 @@ Poses are position [3] then quaternion [4]; the TCP is the point between the fin
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,12 @@ import torch
 from omni_rl.errors import OmniRLError
 from omni_rl.registry import Registry
 
+log = logging.getLogger(__name__)
+
 CONTROL_MODE = "pd_ee_delta_pos"
+# demonstrations' default first seed: above every training seed (below
+# trainer.eval_seed, 1e6 by default) and every held-out seed (from eval_seed up)
+DEMO_SEED = 2_000_000
 OBS_MODE = "state"
 MAX_DELTA = 0.1  # metres of end-effector motion that a normalized action of 1 asks for
 GAIN = 2.0  # action = GAIN * position error / MAX_DELTA, clipped: fast far away, gentle near
@@ -139,7 +145,8 @@ class Demos:
         episode: [T] int64, the episode each step belongs to (0..E-1, in order).
         step: [T] int64, the step's index within its episode.
         success: [E] bool, whether each episode solved the task at some step.
-        meta: task, control_mode, obs_mode, episodes, success_rate, seed, num_envs.
+        meta: task, control_mode, obs_mode, episodes, success_rate, seed, num_envs and
+            episode_seeds ([first, end): episode e was seeded first + e).
     """
 
     obs: torch.Tensor
@@ -157,23 +164,24 @@ def collect_demos(
     task: str,
     episodes: int,
     out: str | Path | None = None,
-    seed: int = 0,
+    seed: int = DEMO_SEED,
     num_envs: int = 2,
     backend: str = "auto",
     progress: bool = False,
 ) -> Demos:
     """Run the task's scripted expert for ``episodes`` episodes and keep every step.
 
-    Episodes are numbered in the order they start, and exactly the first ``episodes`` are
-    kept (episodes that end early do not crowd out slow ones), so the result depends on
-    ``seed`` and ``num_envs`` only.
+    Episode e is reset with seed ``seed + e`` (rounds of ``num_envs`` episodes, each env
+    playing one episode a round), so the seeds a file holds are known exactly (its
+    ``meta["episode_seeds"]``, checked against the held-out seeds before behaviour
+    cloning) and the result depends on ``seed`` alone.
 
     Args:
         task: a task with a scripted expert, e.g. ``PushCube-v1``.
         episodes: E, how many episodes to record.
         out: where to write them (safetensors: the tensors of :class:`Demos`, and its
             ``meta`` as JSON under the metadata key ``omni_rl``); None: don't write.
-        seed: env i's first episode is seeded ``seed + i``.
+        seed: the first episode's seed (default: above every training and held-out seed).
         num_envs: envs stepped together.
         backend: sim backend (``auto``, ``cpu`` or ``gpu``).
         progress: show a progress bar of finished episodes.
@@ -190,32 +198,48 @@ def collect_demos(
         raise OmniRLError(f"{task}: episodes must be at least 1, got {episodes}")
     env = make_vec_env(task, num_envs, backend=backend, seed=seed, control_mode=CONTROL_MODE, obs_mode=OBS_MODE)
     try:
-        running = list(range(num_envs))  # the episode index each env is playing
-        next_episode = num_envs
         steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]] = [[] for _ in range(episodes)]
         success = torch.zeros(episodes, dtype=torch.bool)
-        finished = 0
-        obs = env.reset(seed=seed)
         with tqdm(total=episodes, desc=f"demos {task}", unit="episode", disable=not progress) as bar:
-            while finished < episodes:
-                actions = expert_action(task, obs)
-                result = env.step(actions)
-                for i, ep in enumerate(running):
-                    if ep < episodes:
-                        steps[ep].append((obs[i].cpu(), actions[i].cpu(), float(result.reward[i])))
-                for stats in result.episodes:
-                    if running[stats.env] < episodes:
-                        success[running[stats.env]] = stats.success_once
-                        finished += 1
-                        bar.update(1)
-                    running[stats.env], next_episode = next_episode, next_episode + 1
-                obs = result.obs
+            for first in range(0, episodes, num_envs):
+                obs = env.reset(seed=[seed + first + i for i in range(num_envs)])
+                playing = [first + i < episodes for i in range(num_envs)]  # the env's round episode runs
+                while any(playing):
+                    actions = expert_action(task, obs)
+                    result = env.step(actions)
+                    rewards = result.reward.cpu()
+                    for i in range(num_envs):
+                        if playing[i]:
+                            steps[first + i].append((obs[i].cpu(), actions[i].cpu(), float(rewards[i])))
+                    for stats in result.episodes:
+                        if playing[stats.env]:
+                            success[first + stats.env] = stats.success_once
+                            playing[stats.env] = False
+                            bar.update(1)
+                    obs = result.obs
     finally:
         env.close()
-    demos = _stack(steps, success, {"task": task, "seed": seed, "num_envs": num_envs})
+    info = {"task": task, "seed": seed, "num_envs": num_envs, "episode_seeds": [seed, seed + episodes]}
+    demos = _stack(steps, success, info)
     if out is not None:
         save_demos(demos, out)
     return demos
+
+
+def check_demo_seeds(path: str | Path, eval_seed: int, eval_episodes: int) -> None:
+    """Refuse demonstrations whose episodes share a seed with the held-out ones
+    ``[eval_seed, eval_seed + eval_episodes)``: cloning them would leak the evaluation.
+    A file from before per-episode seeds records no range; that is said once."""
+    meta = load_demos(path).meta
+    if "episode_seeds" not in meta:
+        log.warning("%s: records no episode seeds; cannot check them against the held-out seeds", path)
+        return
+    low, high = meta["episode_seeds"]
+    if low < eval_seed + eval_episodes and eval_seed < high:
+        raise OmniRLError(
+            f"{path}: demo seeds [{low}, {high}) overlap the held-out seeds [{eval_seed}, {eval_seed + eval_episodes}); "
+            f"collect them with --seed {DEMO_SEED} (the default) or move trainer.eval_seed"
+        )
 
 
 def _stack(steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]], success: torch.Tensor, info: dict) -> Demos:

@@ -10,6 +10,18 @@ Two backends:
 - ``gpu``: ManiSkill's batched PhysX on CUDA (``physx_cuda``) behind its
   ``ManiSkillVectorEnv``; observations, rewards and flags stay on the GPU.
 
+Seeding. A seeded reset of ManiSkill's batched scene seeds torch with the *first* seed
+of the list and draws every env's initial state from that one stream, so env i's start
+does not follow its own seed: a group of envs given one seed would not share a start
+state, and a held-out seed would not name the same episode as on the CPU backend,
+where each env is a scene of its own. The GPU backend therefore resets env by env
+(:func:`seeded_resets`), each env alone with its own seed first in the list: its start
+then depends on that seed alone, and equal seeds give equal starts. The cost is one
+partial reset per env per seeded reset (one per training iteration and evaluation
+round; ``time/reset`` in the metrics). The CUDA and CPU random streams differ, so a
+seed's start on the GPU is not the CPU's start of that seed: compare held-out success
+within one backend.
+
 Only flat state observations (``obs_mode="state"``) fit the contract's ``[N, obs_dim]``.
 Nothing is downloaded at run time: a task whose assets are missing is an error.
 """
@@ -19,6 +31,7 @@ from __future__ import annotations
 import abc
 import difflib
 import functools
+import logging
 import multiprocessing
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +43,10 @@ from omni_rl.errors import OmniRLError
 from omni_rl.sim.base import EpisodeTracker, StepResult
 from omni_rl.sim.vulkan import ensure_vulkan
 
+log = logging.getLogger(__name__)
+
 BACKENDS = ("auto", "cpu", "gpu")
+REWARD_MODES = ("normalized_dense", "dense", "sparse")
 OBS_MODES = ("state",)
 # Workers must not inherit the parent's torch thread pool or a SAPIEN/Vulkan instance,
 # which ``fork`` would copy; forkserver starts them from a clean interpreter.
@@ -50,6 +66,8 @@ class TaskSettings:
         ignore_terminations: run every episode to its time limit, success or not (the
             task is judged by success_once; a dense reward then favours staying solved
             rather than ending the episode).
+        reward_mode: ManiSkill's ``normalized_dense`` (at most 1 per step), ``dense`` or
+            ``sparse`` (1 on success).
     """
 
     task: str
@@ -57,6 +75,7 @@ class TaskSettings:
     control_mode: str
     max_episode_steps: int
     ignore_terminations: bool = False
+    reward_mode: str = "normalized_dense"
 
     def make_kwargs(self, sim_backend: str, num_envs: int) -> dict[str, Any]:
         """Keyword arguments of ``gym.make(task, ...)`` for a PhysX backend."""
@@ -64,6 +83,7 @@ class TaskSettings:
             "num_envs": num_envs,
             "obs_mode": self.obs_mode,
             "control_mode": self.control_mode,
+            "reward_mode": self.reward_mode,
             "sim_backend": sim_backend,
             # state observations render nothing; naming the device spares a warning
             # about falling back from CUDA rendering on CPU-only machines
@@ -84,6 +104,7 @@ def make_maniskill_env(
     seed: int = 0,
     max_episode_steps: int | None = None,
     ignore_terminations: bool = False,
+    reward_mode: str = "normalized_dense",
 ) -> ManiSkillCPUEnv | ManiSkillGPUEnv:
     """N copies of a ManiSkill task stepped together.
 
@@ -97,6 +118,7 @@ def make_maniskill_env(
         seed: env i's first episode is seeded ``seed + i`` unless ``reset`` gets a seed.
         max_episode_steps: time limit; default: the task's registered one.
         ignore_terminations: episodes end only at the time limit.
+        reward_mode: ``normalized_dense``, ``dense`` or ``sparse``.
 
     Returns:
         A :class:`~omni_rl.sim.base.VecEnv`; call ``reset`` before ``step``.
@@ -105,12 +127,14 @@ def make_maniskill_env(
         raise OmniRLError(f"{task}: num_envs must be at least 1, got {num_envs}")
     if obs_mode not in OBS_MODES:
         raise OmniRLError(f"{task}: obs_mode '{obs_mode}' is not supported; supported: {', '.join(OBS_MODES)}")
+    if reward_mode not in REWARD_MODES:
+        raise OmniRLError(f"{task}: reward_mode '{reward_mode}' is not supported; supported: {', '.join(REWARD_MODES)}")
     backend = resolve_backend(backend)
     spec = _task_spec(task)
     steps = max_episode_steps or spec.max_episode_steps
     if steps is None:
         raise OmniRLError(f"{task}: the task registers no episode limit; pass max_episode_steps")
-    settings = TaskSettings(task, obs_mode, control_mode, int(steps), ignore_terminations)
+    settings = TaskSettings(task, obs_mode, control_mode, int(steps), ignore_terminations, reward_mode)
     try:
         if backend == "gpu":
             return ManiSkillGPUEnv(settings, num_envs, seed)
@@ -125,11 +149,15 @@ def make_maniskill_env(
 
 
 def resolve_backend(backend: str) -> str:
-    """``auto`` -> ``gpu`` when CUDA is available, else ``cpu``; ``gpu`` needs CUDA."""
+    """``auto`` -> ``gpu`` when CUDA is available, else ``cpu`` (said in the log: the
+    two backends step different simulators); ``gpu`` needs CUDA."""
     if backend not in BACKENDS:
         raise OmniRLError(f"unknown sim backend '{backend}'; known: {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
+        chosen = "gpu" if torch.cuda.is_available() else "cpu"
+        reason = "CUDA is available" if chosen == "gpu" else "no CUDA device"
+        log.warning("env.backend auto: ManiSkill's %s backend (%s); set env.backend to choose", chosen, reason)
+        return chosen
     if backend == "gpu" and not torch.cuda.is_available():
         raise OmniRLError("sim backend 'gpu' requested but no CUDA device is available; use 'cpu'")
     return backend
@@ -176,6 +204,7 @@ class _ManiSkillVecEnv(abc.ABC):
         self.action_high = torch.as_tensor(act_space.high, dtype=torch.float32, device=device)
         self.max_episode_steps = settings.max_episode_steps
         self.device = device
+        self.backend = "gpu" if device.type == "cuda" else "cpu"
         # ManiSkill seeds every env 2022 at creation; the first reset uses ``seed`` instead
         # so that the envs differ and a run is reproducible without an explicit seed.
         self._first_seed: int | None = seed
@@ -191,7 +220,7 @@ class _ManiSkillVecEnv(abc.ABC):
             seed, self._first_seed = self._first_seed, None
         else:
             self._first_seed = None
-        self._tracker = EpisodeTracker(self.num_envs)
+        self._tracker = EpisodeTracker(self.num_envs, self.device)
         return self._reset(seed)
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -204,7 +233,7 @@ class _ManiSkillVecEnv(abc.ABC):
             )
         clipped = torch.clamp(actions.to(self.device, torch.float32), self.action_low, self.action_high)
         result = self._step(clipped)
-        result.episodes = self._tracker.update(result.reward, result.success, result.done)
+        result.ended = self._tracker.update(result.reward, result.success, result.done)
         return result
 
     @abc.abstractmethod
@@ -213,7 +242,7 @@ class _ManiSkillVecEnv(abc.ABC):
 
     @abc.abstractmethod
     def _step(self, actions: torch.Tensor) -> StepResult:
-        """Step clipped actions [N, action_dim]; ``episodes`` is filled in by ``step``."""
+        """Step clipped actions [N, action_dim]; ``ended`` is filled in by ``step``."""
 
 
 class ManiSkillCPUEnv(_ManiSkillVecEnv):
@@ -282,7 +311,10 @@ class ManiSkillGPUEnv(_ManiSkillVecEnv):
 
     def _reset(self, seed: int | list[int] | None) -> torch.Tensor:
         seeds = seed if seed is None or isinstance(seed, list) else [seed + i for i in range(self.num_envs)]
-        obs, info = self._env.reset(seed=seeds)
+        if seeds is None:
+            obs, info = self._env.reset()
+        else:
+            obs, info = seeded_resets(self._env, seeds, self.device)
         if "success" not in info:
             raise OmniRLError(f"{self.task}: ManiSkill reports no 'success' for this task")
         return obs.float()
@@ -306,3 +338,24 @@ class ManiSkillGPUEnv(_ManiSkillVecEnv):
     def close(self) -> None:
         """Release the simulator."""
         self._env.close()
+
+
+def seeded_resets(env, seeds: list[int], device: torch.device):
+    """Reset every env of a batched ManiSkill scene so that env i's initial state
+    depends on ``seeds[i]`` alone: one partial reset per env, env i alone, with a seed
+    list whose first entry (the one ManiSkill seeds torch with) and i-th entry (its own
+    episode RNG) are ``seeds[i]``. Env 0 goes last, so the scene's recorded episode
+    seeds end as ``seeds``. Returns the (obs, info) of the last reset, whose
+    observations cover every env.
+
+    Args:
+        env: a ManiSkill vector env: ``reset(seed=list, options={"env_idx": ...})``.
+        seeds: one per env.
+        device: the scene's device (``env_idx`` lives there).
+    """
+    result = None
+    for i in [*range(1, len(seeds)), 0]:
+        order = list(seeds)
+        order[0] = seeds[i]
+        result = env.reset(seed=order, options={"env_idx": torch.tensor([i], device=device)})
+    return result

@@ -19,6 +19,7 @@ class PointMassEnv:
 
     obs_dim = 6
     action_dim = 2
+    backend = "torch"
 
     def __init__(
         self,
@@ -41,7 +42,7 @@ class PointMassEnv:
         self.point = torch.zeros(num_envs, 2, device=self.device)
         self.goal = torch.zeros(num_envs, 2, device=self.device)
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
-        self.tracker = EpisodeTracker(num_envs)
+        self.tracker = EpisodeTracker(num_envs, self.device)
 
     def _seed_generators(self, seed: int | list[int]) -> None:
         seeds = seed if isinstance(seed, list) else [seed + i for i in range(self.num_envs)]
@@ -64,7 +65,7 @@ class PointMassEnv:
         if seed is not None:
             self._seed_generators(seed)
         self._draw(list(range(self.num_envs)))
-        self.tracker = EpisodeTracker(self.num_envs)
+        self.tracker = EpisodeTracker(self.num_envs, self.device)
         return self._obs()
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -79,10 +80,10 @@ class PointMassEnv:
         truncated = ~terminated & (self.steps >= self.max_episode_steps)
         done = terminated | truncated
         final_obs = self._obs()
-        episodes = self.tracker.update(reward, success, done)
+        ended = self.tracker.update(reward, success, done)
         if done.any():
             self._draw(torch.nonzero(done).flatten().tolist())
-        return StepResult(self._obs(), reward, terminated, truncated, final_obs, success, episodes)
+        return StepResult(self._obs(), reward, terminated, truncated, final_obs, success, ended)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -6,6 +6,11 @@ Several processes: each steps its share of a run's envs, an :class:`EnvShare` (g
 env rows ``[start, start + count)`` of ``total``). Episode seeds and sampling noise are
 drawn for every global env on every process, from generators in the same state, and
 sliced, so what an env does is the same however the envs are split.
+
+Everything an iteration produces stays on the device: the buffer lives where the policy
+runs, episode statistics add up in device tensors, and the sampling noise of a whole
+iteration crosses to the device in one copy. The host reads the episode totals once per
+iteration (and once per evaluation).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from omni_rl.engine import distributed
-from omni_rl.sim.base import EpisodeStats
+from omni_rl.sim.base import EndedEpisodes
 
 
 @dataclass(frozen=True)
@@ -39,44 +44,85 @@ class EnvShare:
 
 @dataclass
 class ChunkOutcome:
-    """What running one chunk's executed actions in N envs gave."""
+    """What running one chunk's executed actions in N envs gave (on the env's device).
 
-    reward: torch.Tensor  # [N] summed over the executed actions (until the episode ended)
-    terminated: torch.Tensor  # [N]
-    truncated: torch.Tensor  # [N]
-    final_obs: torch.Tensor  # [N, O] the ended episode's last observation (else the next one)
-    next_obs: torch.Tensor  # [N, O]
-    episodes: list
+    Attributes:
+        rewards: [N, h] each executed step's reward, 0 after the chunk's episode ended.
+        alive: [N, h] bool, the step belonged to the episode the chunk started in.
+        terminated, truncated: [N] bool, how that episode ended within the chunk.
+        final_obs: [N, O] the ended episode's last observation (else the next one).
+        next_obs: [N, O] the observation to act on next.
+    """
+
+    rewards: torch.Tensor
+    alive: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    final_obs: torch.Tensor
+    next_obs: torch.Tensor
 
 
-def run_chunk(env, actions: torch.Tensor, executed: int) -> ChunkOutcome:
+class EpisodeTotals:
+    """Running sums over ended episodes of [successes, return, length, count], in a
+    device tensor; ``first_only`` counts each env's first episode alone (evaluation)."""
+
+    def __init__(self, num_envs: int, device: torch.device | str, first_only: bool = False):
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.seen = torch.zeros(num_envs, dtype=torch.bool, device=device) if first_only else None
+
+    def add(self, ended: EndedEpisodes | None, keep: torch.Tensor | None = None) -> None:
+        """Count the episodes of one step (``keep``: [N] bool, envs that may count)."""
+        if ended is None:
+            return
+        take = ended.done.to(self.sums.device)
+        if self.seen is not None:
+            take, self.seen = take & ~self.seen, self.seen | take
+        if keep is not None:
+            take = take & keep
+        w = take.double()
+        rows = (ended.success_once.double(), ended.ret.double(), ended.length.double(), torch.ones_like(w))
+        self.sums += torch.stack([(w * x.to(w.device)).sum() for x in rows])
+
+    def totals(self) -> list[float]:
+        """[successes, summed return, summed length, count]: what adds up over processes
+        (one host copy)."""
+        return self.sums.tolist()
+
+
+def run_chunk(env, actions: torch.Tensor, executed: int, totals: EpisodeTotals | None = None, keep=None) -> ChunkOutcome:
     """Step the first ``executed`` actions of each chunk ([N, H, D]). An episode that
     ends mid-chunk counts only its own rewards; the env has already reset, and the
-    chunk's leftover actions run in the new episode."""
-    n = actions.shape[0]
-    reward = torch.zeros(n)
-    terminated = torch.zeros(n, dtype=torch.bool)
-    truncated = torch.zeros(n, dtype=torch.bool)
-    final_obs, episodes, result = None, [], None
+    chunk's leftover actions run in the new episode. Ended episodes add to ``totals``."""
+    n, device = actions.shape[0], env.device
+    actions = actions.to(device)
+    rewards = torch.zeros(n, executed, device=device)
+    alive = torch.ones(n, executed, dtype=torch.bool, device=device)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)
+    terminated = torch.zeros(n, dtype=torch.bool, device=device)
+    final_obs, result = None, None
     for j in range(executed):
-        result = env.step(actions[:, j].to(env.device))
-        alive = ~(terminated | truncated)
-        reward += result.reward.cpu().float() * alive
-        ended = alive & result.done.cpu()
-        terminated |= ended & result.terminated.cpu()
-        truncated |= ended & ~result.terminated.cpu()
-        last = result.final_obs.cpu().float()
-        final_obs = last if final_obs is None else torch.where(ended[:, None], last, final_obs)
-        episodes += result.episodes
-    next_obs = result.obs.cpu().float()
-    final_obs = torch.where((terminated | truncated)[:, None], final_obs, next_obs)
-    return ChunkOutcome(reward, terminated, truncated, final_obs, next_obs, episodes)
+        result = env.step(actions[:, j])
+        alive[:, j] = ~ended
+        rewards[:, j] = result.reward.float() * ~ended
+        now = ~ended & result.done
+        terminated |= now & result.terminated
+        last = result.final_obs.float()
+        final_obs = last if final_obs is None else torch.where(now[:, None], last, final_obs)
+        ended |= now
+        if totals is not None:
+            totals.add(result.ended, keep)
+    next_obs = result.obs.float()
+    final_obs = torch.where(ended[:, None], final_obs, next_obs)
+    return ChunkOutcome(rewards, alive, terminated, ended & ~terminated, final_obs, next_obs)
 
 
 @dataclass
 class Rollout:
-    """T chunks of N envs. obs [T, N, O]; chain [T, N, K+1, H, D]; stochastic [T, N, K];
-    logp [T, N, H, D]; values, rewards, next_values [T, N]; terminated, done, valid [T, N]."""
+    """T chunks of N envs, h executed actions each, on the policy's device.
+
+    obs [T, N, O]; chain [T, N, K+1, H, D]; stochastic [T, N, K]; logp [T, N, H, D];
+    values, next_values [T, N]; rewards, alive [T, N, h] (per env step, see
+    :class:`ChunkOutcome`); terminated, done, valid [T, N]."""
 
     obs: torch.Tensor
     chain: torch.Tensor
@@ -84,6 +130,7 @@ class Rollout:
     logp: torch.Tensor
     values: torch.Tensor
     rewards: torch.Tensor
+    alive: torch.Tensor
     next_values: torch.Tensor
     terminated: torch.Tensor
     done: torch.Tensor
@@ -98,81 +145,85 @@ def episode_seeds(seed: int, iteration: int, num_envs: int, group_size: int, lim
 
 
 @torch.no_grad()
-def collect(policy, env, envs: EnvShare, seeds: list[int], chunks: int, generator: torch.Generator, device):
-    """``chunks`` chunks in each of this process's envs, reset from their rows of the
-    global ``seeds``; each chunk's noise is drawn for every global env from
-    ``generator`` (in the same state on every process). Returns the :class:`Rollout`
-    and the episodes that ended."""
-    obs = env.reset(seed=seeds[envs.rows]).cpu().float()
+def collect(policy, env, envs: EnvShare, obs: torch.Tensor, chunks: int, generator: torch.Generator, device):
+    """``chunks`` chunks in each of this process's envs from ``obs`` (what the env's
+    seeded reset returned, see :func:`episode_seeds`); the iteration's noise is drawn
+    for every global env from ``generator`` (in the same state on every process) and
+    moved to ``device`` once. Returns the :class:`Rollout` (on ``device``) and the
+    :class:`EpisodeTotals` of the episodes that ended."""
+    noise = policy.noise(chunks * envs.total, generator).view(chunks, envs.total)[:, envs.rows].to(device)
+    obs = obs.float().to(device)
     steps: dict[str, list] = {k: [] for k in Rollout.__dataclass_fields__}
-    episodes = []
-    ended = torch.zeros(env.num_envs, dtype=torch.bool)
-    for _ in range(chunks):
-        sample = policy.sample(obs.to(device), noise=policy.noise(envs.total, generator)[envs.rows])
-        outcome = run_chunk(env, sample.actions, policy.executed)
-        done = outcome.terminated | outcome.truncated
-        bootstrap = policy.value_of(outcome.final_obs.to(device)).cpu()
+    totals = EpisodeTotals(env.num_envs, env.device)
+    ended = torch.zeros(env.num_envs, dtype=torch.bool, device=device)
+    for c in range(chunks):
+        sample = policy.sample(obs, noise=noise[c])
+        outcome = run_chunk(env, sample.actions, policy.executed, totals)
+        terminated, done = outcome.terminated.to(device), (outcome.terminated | outcome.truncated).to(device)
         for name, value in (
             ("obs", obs),
-            ("chain", sample.chain.cpu()),
-            ("stochastic", sample.stochastic.cpu()),
-            ("logp", sample.logp.cpu()),
-            ("values", sample.value.cpu()),
-            ("rewards", outcome.reward),
-            ("next_values", bootstrap),
-            ("terminated", outcome.terminated),
+            ("chain", sample.chain),
+            ("stochastic", sample.stochastic),
+            ("logp", sample.logp),
+            ("values", sample.value),
+            ("rewards", outcome.rewards.to(device)),
+            ("alive", outcome.alive.to(device)),
+            ("next_values", policy.value_of(outcome.final_obs.to(device))),
+            ("terminated", terminated),
             ("done", done),
             ("valid", ~ended),  # critic-free: each env's first episode only
         ):
             steps[name].append(value)
-        ended |= done
-        episodes += outcome.episodes
-        obs = outcome.next_obs
+        ended = ended | done
+        obs = outcome.next_obs.to(device)
     # the rollout's last chunk is cut by the iteration's end where no episode ended there
-    steps["done"][-1] = torch.ones(env.num_envs, dtype=torch.bool)
-    return Rollout(**{k: torch.stack(v) for k, v in steps.items()}), episodes
+    steps["done"][-1] = torch.ones(env.num_envs, dtype=torch.bool, device=device)
+    return Rollout(**{k: torch.stack(v) for k, v in steps.items()}), totals
 
 
 @torch.no_grad()
 def evaluate_success(policy, env, envs: EnvShare, episodes: int, first_seed: int, max_steps: int, device) -> list:
-    """The first episode from each of this process's share of ``episodes`` held-out
-    seeds (``first_seed``, ``first_seed + 1``, ...), with the deterministic sampler from
-    start noise drawn for every global env from a generator seeded ``first_seed``.
-    Rounds of ``envs.total`` seeds, this process playing its rows of each; a round ends
-    when every env of every process has finished an episode."""
+    """[successes, summed return, summed length, count] of the first episode from each
+    of this process's share of ``episodes`` held-out seeds (``first_seed``,
+    ``first_seed + 1``, ...), with the deterministic sampler.
+
+    The start noise comes from a generator of its own, seeded ``first_seed`` at every
+    evaluation, that draws start noise alone: what the training stream, the sampling
+    method (Flow-Noise, Flow-SDE hybrid or chain) or an earlier evaluation drew never
+    shifts it, so every evaluation of a run, and of runs that differ only in how they
+    explore, replays the same episodes. Rounds of ``envs.total`` seeds, this process
+    playing its rows of each; every round runs ``ceil(max_steps / executed)`` chunks,
+    which ends every env's first episode."""
     chunks = math.ceil(max_steps / policy.executed)
     generator = torch.Generator().manual_seed(first_seed)
-    first: list[EpisodeStats] = []
+    totals = EpisodeTotals(env.num_envs, env.device, first_only=True)
     for start in range(0, episodes, envs.total):
         seeds = [first_seed + start + i for i in range(envs.total)][envs.rows]
-        obs = env.reset(seed=seeds).float()
-        seen: dict[int, EpisodeStats] = {}
-        for _ in range(chunks):
-            noise = policy.noise(envs.total, generator)[envs.rows]
-            sample = policy.sample(obs.to(device), deterministic=True, noise=noise)
-            outcome = run_chunk(env, sample.actions, policy.executed)
-            for ep in outcome.episodes:
-                seen.setdefault(ep.env, ep)
-            obs = outcome.next_obs
-            if distributed.all_sum([len(seen)])[0] == envs.total:
-                break
-        first += [seen[i] for i in range(envs.count) if start + envs.start + i < episodes and i in seen]
-    return first
+        keep = torch.tensor([start + envs.start + i < episodes for i in range(envs.count)], device=env.device)
+        starts = policy.start_noise(chunks * envs.total, generator).view(chunks, envs.total, *policy.chunk_shape)
+        starts = starts[:, envs.rows].to(device)
+        obs = env.reset(seed=seeds).float().to(device)
+        totals.seen = torch.zeros_like(totals.seen)
+        for c in range(chunks):
+            sample = policy.sample(obs, deterministic=True, start=starts[c])
+            outcome = run_chunk(env, sample.actions, policy.executed, totals, keep)
+            obs = outcome.next_obs.to(device)
+    return totals.totals()
 
 
-def episode_totals(episodes: list) -> list[float]:
-    """[successes, summed return, summed length, count] of ``episodes``: what adds up
-    over processes."""
-    return [
-        float(sum(e.success_once for e in episodes)),
-        float(sum(e.ret for e in episodes)),
-        float(sum(e.length for e in episodes)),
-        float(len(episodes)),
-    ]
+def binomial_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's score interval for a success rate (95% with z = 1.96): unlike the
+    normal approximation it stays inside [0, 1] and holds near 0 and 1."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def episode_metrics(totals: list[float]) -> dict:
-    """Training-episode metrics from (summed) :func:`episode_totals`."""
+    """Training-episode metrics from (summed) :class:`EpisodeTotals`."""
     success, ret, length, count = totals
     if not count:
         return {}

@@ -18,8 +18,10 @@ from omni_rl.algorithms.flow import (
     sde_sigma,
     sde_step,
 )
-from omni_rl.algorithms.ppo import clipped_surrogate, gae, group_advantages, value_loss
-from omni_rl.models.flow_policy import FlowPolicy
+from omni_rl.algorithms.ppo import chunk_discounting, clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
+from omni_rl.sim.point_mass import PointMassEnv
+from omni_rl.sim.rollout import EnvShare, binomial_interval, evaluate_success
 
 
 def test_gaussian_logpdf_and_entropy_match_torch_distributions():
@@ -195,3 +197,88 @@ def test_behaviour_cloning_fits_a_fixed_chunk():
         optimizer.step()
     got = policy.sample(obs[:8], deterministic=True).actions
     assert (got - target[:8]).abs().max().item() < 0.1
+
+
+def test_chunk_discounting_by_hand():
+    """Per-step gamma 0.5 and lambda 0.8 over chunks of 3 steps; the second env's
+    episode ends after 2 steps of its chunk (its third step is the next episode's)."""
+    rewards = torch.tensor([[[1.0, 2.0, 4.0], [1.0, 1.0, 0.0]]])  # [T=1, N=2, h=3]
+    alive = torch.tensor([[[True, True, True], [True, True, False]]])
+    reward, discount, lam = chunk_discounting(rewards, alive, gamma=0.5, lam=0.8)
+    assert reward.tolist() == [[1 + 0.5 * 2 + 0.25 * 4, 1 + 0.5]]
+    assert discount.tolist() == [[0.125, 0.25]] and lam[0].tolist() == pytest.approx([0.512, 0.64])
+
+
+def test_gae_with_per_chunk_discounts_by_hand():
+    """Two chunks of one env: gamma 0.5 then 0.25, lambda 1 then 0.5, no episode end
+    until a truncation after the second chunk (bootstrapped from next_values)."""
+    rewards, values = torch.tensor([[1.0], [2.0]]), torch.tensor([[0.5], [1.0]])
+    next_values = torch.tensor([[1.0], [4.0]])
+    terminated, done = torch.zeros(2, 1, dtype=torch.bool), torch.tensor([[False], [True]])
+    gamma, lam = torch.tensor([[0.5], [0.25]]), torch.tensor([[1.0], [0.5]])
+    adv, returns = gae(rewards, values, next_values, terminated, done, gamma, lam)
+    delta2 = 2.0 + 0.25 * 4.0 - 1.0  # 2
+    delta1 = 1.0 + 0.5 * 1.0 - 0.5  # 1
+    assert adv.flatten().tolist() == pytest.approx([delta1 + 0.5 * 1.0 * delta2, delta2])
+    assert torch.allclose(returns, adv + values)
+
+
+def test_wilson_interval_by_hand():
+    # 50 of 200, z = 1.96: centre (0.25 + 3.8416/400) / (1 + 3.8416/200) = 0.254711,
+    # half-width 1.96 * sqrt(0.25 * 0.75 / 200 + 3.8416 / 160000) / 1.019208 = 0.059632
+    assert binomial_interval(50, 200) == pytest.approx((0.195079, 0.314343), abs=1e-5)
+    assert binomial_interval(0, 200)[0] == 0.0 and binomial_interval(200, 200)[1] == 1.0
+    assert binomial_interval(0, 200)[1] == pytest.approx(3.8416 / 203.8416, abs=1e-6)  # (z^2/n) / (1 + z^2/n)
+
+
+def test_hybrid_step_choices():
+    assert hybrid_step_weights("uniform", 4).tolist() == [0.25] * 4
+    assert hybrid_step_weights("late", 4).tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert hybrid_step_weights("last", 4).tolist() == [0, 0, 0, 1]
+    g = torch.Generator().manual_seed(0)
+    last = FlowPolicy(6, 2, steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="last")
+    assert (last.noise(500, g).pick == 3).all()
+    late = FlowPolicy(6, 2, steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="late")
+    counts = torch.bincount(late.noise(4000, g).pick, minlength=4).float() / 4000
+    assert counts.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4], abs=0.03)
+    sample = last.sample(torch.randn(5, 6), generator=g)
+    assert sample.stochastic.tolist() == [[False, False, False, True]] * 5
+
+
+def test_noise_at_the_last_step_reaches_the_action_of_a_contracting_flow():
+    """A velocity field that pulls x onto a fixed action (as a flow cloned from a
+    deterministic expert does) erases early noise: the last step's noise survives."""
+    torch.manual_seed(0)
+    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=64, method="flow_sde", noise_level=0.5)
+    obs = torch.randn(256, 6)
+    target = torch.tensor([[0.5, -0.5], [0.25, 0.75]]).expand(256, 2, 2)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = policy.bc_loss(obs, target, torch.ones(256, 2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    spread = {}
+    for choice in ("uniform", "last"):
+        policy.hybrid_step = choice
+        actions = policy.sample(obs, generator=torch.Generator().manual_seed(1)).actions
+        spread[choice] = actions.std(dim=0).mean().item()
+    assert spread["last"] > 1.5 * spread["uniform"], spread
+
+
+def test_evaluation_noise_depends_on_neither_the_method_nor_the_training_stream():
+    """The same weights score the same held-out episodes, one for one, whatever the
+    sampling method and whatever was drawn before (flow_sde hybrid draws more per chunk)."""
+    torch.manual_seed(0)
+    base = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=32)
+    env = PointMassEnv(8, max_episode_steps=12)
+    results = []
+    for method, mode in (("flow_noise", "hybrid"), ("flow_sde", "hybrid"), ("flow_sde", "chain")):
+        policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=32, method=method, sde_mode=mode)
+        policy.load_state_dict(base.state_dict())
+        policy.noise(64, torch.Generator().manual_seed(int(method == "flow_sde")))  # a training draw in between
+        results.append(evaluate_success(policy, env, EnvShare.whole(8), 20, 1_000_000, 12, torch.device("cpu")))
+    assert results[0] == results[1] == results[2]
+    assert results[0][3] == 20  # episodes counted: 20 of the 24 played in 3 rounds of 8
+    again = evaluate_success(base, env, EnvShare.whole(8), 20, 1_000_000, 12, torch.device("cpu"))
+    assert again == results[0]

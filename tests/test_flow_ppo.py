@@ -5,6 +5,7 @@ processes train what one process trains."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -207,3 +208,71 @@ def test_two_processes_train_what_one_process_trains(tmp_path, one_process_run, 
     assert len(got) == len(want) == 4
     for row, expected in zip(got, want, strict=True):
         assert row == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
+    """``update`` without the actor leaves every actor weight as it was (the optimizer
+    never sees an actor gradient) and moves the value head; with it, both move. In a
+    run, the first ``ppo.critic_warmup`` iterations are the critic's."""
+    cfg = _config(tmp_path, ppo={"critic_warmup": 2}, trainer={"iterations": 3})
+    run = flow_ppo.Run(tmp_path, flow_ppo.distributed.ranks(), torch.device("cpu"), None)
+    env = PointMassEnv(cfg.env.num_envs, max_episode_steps=cfg.env.max_episode_steps)
+    envs = flow_ppo.EnvShare.whole(env.num_envs)
+    stream = flow_ppo.shared_stream(cfg)
+    policy = flow_ppo.build_policy(cfg, env.obs_dim, env.action_dim, stream)
+    engine = flow_ppo.make_engine(policy, cfg, run)
+    flow_ppo.use_ppo_optimizer(engine, cfg)
+
+    def snapshot(params):
+        return [p.detach().clone() for p in params]
+
+    for train_actor in (False, True):
+        actor, critic = snapshot(policy.actor_parameters()), snapshot(policy.critic_parameters())
+        obs = env.reset(seed=list(range(env.num_envs)))
+        rollout, _ = flow_ppo.collect(policy, env, envs, obs, 12, stream, run.device)
+        adv, returns = flow_ppo.advantages(rollout, cfg)
+        flow_ppo.update(engine, rollout, adv, returns, cfg, envs, stream, train_actor)
+        actor_moved = any(not torch.equal(a, b) for a, b in zip(actor, policy.actor_parameters(), strict=True))
+        critic_moved = any(not torch.equal(a, b) for a, b in zip(critic, policy.critic_parameters(), strict=True))
+        assert (actor_moved, critic_moved) == (train_actor, True)
+
+    flow_ppo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/actor_updated"] for r in rows[1:]] == [0.0, 0.0, 1.0]
+    assert rows[1]["train/actor_grad_norm"] == 0.0 and rows[3]["train/actor_grad_norm"] > 0.0
+    assert rows[1]["train/critic_grad_norm"] > 0.0
+
+
+def test_actor_and_critic_gradients_clip_apart(tmp_path):
+    """Each part's gradient norm is clipped to its own limit: a critic gradient far
+    above its clip leaves the actor's step as it would be alone."""
+    cfg = _config(tmp_path, ppo={"actor_max_grad_norm": 1e-3, "critic_max_grad_norm": 1e6})
+    run = flow_ppo.Run(tmp_path, flow_ppo.distributed.ranks(), torch.device("cpu"), None)
+    policy = flow_ppo.build_policy(cfg, 6, 2, flow_ppo.shared_stream(cfg))
+    engine = flow_ppo.make_engine(policy, cfg, run)
+    flow_ppo.use_ppo_optimizer(engine, cfg)
+    obs = torch.randn(4, 6)
+    _, _, value = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(4, policy.steps, dtype=torch.bool))
+    logp, _, _ = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(4, policy.steps, dtype=torch.bool))
+    engine.backward(-logp.sum() + 100.0 * value.sum())
+    grads = {id(p): p.grad.clone() for p in engine.params if p.grad is not None}
+    actor_norm = torch.linalg.vector_norm(torch.stack([grads[id(p)].norm() for p in policy.actor_parameters()]))
+    step = engine.step()
+    assert step.group_norms[0] == pytest.approx(actor_norm.item(), rel=1e-5)
+    assert step.grad_norm == pytest.approx(math.hypot(*step.group_norms), rel=1e-6)
+
+
+def test_demos_that_share_held_out_seeds_are_refused(tmp_path):
+    from omni_rl.errors import OmniRLError
+    from omni_rl.sim.experts import Demos, check_demo_seeds, save_demos
+
+    def demos_at(first: int, count: int) -> Path:
+        path = tmp_path / f"demos_{first}.safetensors"
+        tensors = {name: torch.zeros(1) for name in Demos.TENSORS}
+        save_demos(Demos(**tensors, meta={"episode_seeds": [first, first + count]}), path)
+        return path
+
+    check_demo_seeds(demos_at(2_000_000, 100), eval_seed=1_000_000, eval_episodes=200)
+    check_demo_seeds(demos_at(0, 100), eval_seed=1_000_000, eval_episodes=200)  # training seeds: no leak
+    with pytest.raises(OmniRLError, match=r"demo seeds \[1000150, 1000250\) overlap the held-out seeds"):
+        check_demo_seeds(demos_at(1_000_150, 100), eval_seed=1_000_000, eval_episodes=200)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from omni_rl.cli import main
 
 
@@ -36,25 +38,38 @@ def test_quickstart_small_run(tmp_path, capsys):
 
 
 def test_sim_quickstart_small_run(tmp_path, capsys):
-    args = ["quickstart", "--sim", "--set", f"run.output_dir={tmp_path}"]
+    """Two training seeds, each in its own folder; the summary has every seed's results
+    with intervals and the spread over seeds."""
+    args = ["quickstart", "--sim", "--set", f"run.output_dir={tmp_path}", "--set", "run.seed=3"]
     for override in (
+        "seeds=2",
         "demo_episodes=2",
         "env.num_envs=2",
         "env.max_episode_steps=16",
         "bc.steps=20",
+        "ppo.critic_warmup=1",
         "trainer.iterations=2",
         "trainer.eval_episodes=4",
     ):
         args += ["--set", override]
     assert main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary) >= {"success_bc", "success_rl", "env_steps", "seconds"}
-    assert 0 <= summary["success_bc"] <= 1 and 0 <= summary["success_rl"] <= 1
-    assert summary["env_steps"] == 2 * 2 * 16  # 2 iterations x 2 envs x 4 chunks of 4 actions
-    rows = [json.loads(line) for line in (tmp_path / "flow_ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 and {"env/success_once", "train/policy_loss", "eval/success"} <= set(rows[-1])
-    assert (tmp_path / "plots" / "env_return.png").is_file()
-    assert "held-out success" in capsys.readouterr().out
+    assert [r["seed"] for r in summary["seeds"]] == [3, 4] and summary["method"] == "flow_noise"
+    for r in summary["seeds"]:
+        assert 0 <= r["success_bc"] <= 1 and 0 <= r["success_rl"] <= 1
+        assert r["success_rl_ci95"][0] <= r["success_rl"] <= r["success_rl_ci95"][1]
+        assert r["gain"] == pytest.approx(r["success_rl"] - r["success_bc"], abs=1e-4)
+        assert r["env_steps"] == 2 * 2 * 16  # 2 iterations x 2 envs x 4 chunks of 4 actions
+        rows = [json.loads(x) for x in (tmp_path / f"seed_{r['seed']}" / "flow_ppo" / "metrics.jsonl").open()]
+        assert len(rows) == 3 and {"env/success_once", "train/value_loss", "eval/success"} <= set(rows[-1])
+        assert [row.get("train/actor_updated") for row in rows] == [None, 0.0, 1.0]  # one warm-up iteration
+        assert r["lowest_eval"] == min(row["eval/success"] for row in rows if "eval/success" in row)
+        assert (tmp_path / f"seed_{r['seed']}" / "plots" / "env_return.png").is_file()
+    gains = [r["gain"] for r in summary["seeds"]]
+    assert summary["gain_mean"] == pytest.approx(sum(gains) / 2, abs=1e-4)
+    assert summary["gain_min"] == min(gains) and summary["gain_max"] == max(gains)
+    out = capsys.readouterr().out
+    assert "seed 3: held-out success" in out and "2 seed(s): gain" in out
 
 
 def test_audio_quickstart_small_run(tmp_path, capsys):

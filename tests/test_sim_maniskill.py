@@ -19,6 +19,7 @@ import torch
 from omni_rl.errors import OmniRLError
 from omni_rl.sim import make_vec_env
 from omni_rl.sim.experts import expert_action, load_demos
+from omni_rl.sim.maniskill import resolve_backend, seeded_resets
 
 ROOT = Path(__file__).resolve().parents[1]
 OMNI_RL = str(Path(sys.executable).parent / "omni-rl")
@@ -157,6 +158,7 @@ def test_collect_demos_cli_writes_a_loadable_file(tmp_path):
         "success_rate": 1.0,
         "seed": 5,
         "num_envs": 2,
+        "episode_seeds": [5, 8],
     }
     from safetensors import safe_open
 
@@ -182,3 +184,63 @@ def test_user_errors_name_the_problem(push_env):
     if not torch.cuda.is_available():
         with pytest.raises(OmniRLError, match="no CUDA device"):
             make_vec_env("PushCube-v1", 2, backend="gpu")
+
+
+def test_demos_are_seeded_episode_by_episode_whatever_the_env_count(tmp_path):
+    """Episode e is seeded SEED + e: two envs or three, the same first observations."""
+    from omni_rl.sim.experts import collect_demos
+
+    firsts = []
+    for num_envs in (2, 3):
+        demos = collect_demos("PushCube-v1", 3, seed=7, num_envs=num_envs, backend="cpu")
+        firsts.append(demos.obs[demos.step == 0])
+        assert demos.meta["episode_seeds"] == [7, 10]
+    assert torch.equal(firsts[0], firsts[1])
+    env = make_vec_env("PushCube-v1", 1, backend="cpu", seed=0)
+    try:
+        assert torch.equal(env.reset(seed=[9]), firsts[0][2:3])  # episode 2 starts as seed 9 does
+    finally:
+        env.close()
+
+
+class BatchedSceneLikeManiSkill:
+    """ManiSkill 3.0's seeded reset of a batched (GPU) scene, as its source does it:
+    torch is seeded with the first seed of the list, then the reset envs (``env_idx``)
+    draw their initial states from that one stream, in order."""
+
+    def __init__(self, num_envs: int):
+        self.state = torch.full((num_envs, 2), float("nan"))
+        self.calls = 0
+
+    def reset(self, seed: list[int], options: dict | None = None):
+        env_idx = options["env_idx"] if options else torch.arange(self.state.shape[0])
+        generator = torch.Generator().manual_seed(seed[0])
+        self.state[env_idx] = torch.rand(len(env_idx), 2, generator=generator)
+        self.calls += 1
+        return self.state.clone(), {"success": torch.zeros(self.state.shape[0], dtype=torch.bool)}
+
+
+def test_gpu_resets_give_each_env_the_start_of_its_own_seed():
+    seeds = [11, 12, 11, 13]
+    naive = BatchedSceneLikeManiSkill(4)
+    naive.reset(seed=seeds)  # one batched call: env i's start follows seeds[0], not seeds[i]
+    assert not torch.equal(naive.state[0], naive.state[2])  # a critic-free group would not share its start
+
+    scene = BatchedSceneLikeManiSkill(4)
+    obs, _ = seeded_resets(scene, seeds, torch.device("cpu"))
+    assert scene.calls == 4 and torch.equal(obs, scene.state)
+    assert torch.equal(scene.state[0], scene.state[2])  # equal seeds, equal starts
+    alone = BatchedSceneLikeManiSkill(1)
+    for i, s in enumerate(seeds):  # the start a scene of one env gives that seed
+        alone.reset(seed=[s])
+        assert torch.equal(scene.state[i], alone.state[0])
+    changed = BatchedSceneLikeManiSkill(4)
+    seeded_resets(changed, [11, 12, 11, 99], torch.device("cpu"))  # another env's seed changes nothing else
+    assert torch.equal(changed.state[:3], scene.state[:3]) and not torch.equal(changed.state[3], scene.state[3])
+
+
+def test_auto_backend_says_what_it_chose(caplog):
+    with caplog.at_level("WARNING", logger="omni_rl.sim.maniskill"):
+        chosen = resolve_backend("auto")
+    assert chosen == ("gpu" if torch.cuda.is_available() else "cpu")
+    assert f"env.backend auto: ManiSkill's {chosen} backend" in caplog.text

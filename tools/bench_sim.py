@@ -49,7 +49,7 @@ def training_steps_per_s(env, cfg, iterations: int) -> float:
 
     def rollout(iteration: int):
         seeds = episode_seeds(cfg.run.seed, iteration, env.num_envs, 1, cfg.trainer.eval_seed)
-        return collect(policy, env, envs, seeds, chunks, stream, run.device)
+        return collect(policy, env, envs, env.reset(seed=seeds), chunks, stream, run.device)
 
     rollout(0)  # warm-up
     steps, started = 0, time.perf_counter()
@@ -57,7 +57,7 @@ def training_steps_per_s(env, cfg, iterations: int) -> float:
         batch, _ = rollout(iteration)
         adv, returns = flow_ppo.advantages(batch, cfg)
         flow_ppo.update(engine, batch, adv, returns, cfg, envs, stream)
-        steps += batch.rewards.numel() * policy.executed
+        steps += batch.rewards.numel()  # [T, N, h]: one entry per env step
     return steps / (time.perf_counter() - started)
 
 

@@ -6,12 +6,40 @@
 # (8,192 visual tokens, G = 8, 256 new tokens, gradient checkpointing), the shared
 # prompt against a copy per completion: seconds, tokens/s and peak memory. Needs CUDA and the project's environment (make setup). CI never runs it.
 # Where vllm is installed it then runs tools/gpu_smoke_vllm.py (PASS or FAIL per check).
+# Last, on one GPU: flow-policy PPO in ManiSkill's batched GPU simulation (PushCube, 256
+# envs, state observations, 20 iterations from scratch): env steps/s of the rollout,
+# seconds per update and per seeded reset (env by env, see omni_rl/sim/maniskill.py).
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
+#   SIM_ONLY=1 tools/gpu_check.sh # the ManiSkill GPU run alone (one GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 GPUS=${GPUS:-2}
 WORK=${WORK:-runs/gpu_check}
+
+sim_check() {
+  echo "gpu_check: flow PPO on ManiSkill's GPU backend (PushCube-v1, 256 envs, 20 iterations)"
+  rm -rf "$WORK/sim"
+  "$PY" -m omni_rl train configs/maniskill_pushcube_flow_noise_gpu.yaml --set bc.demos=null \
+    --set trainer.iterations=20 --set trainer.eval_every=0 --set trainer.eval_episodes=256 \
+    --set run.output_dir="$WORK/sim"
+  "$PY" - "$WORK/sim/metrics.jsonl" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if '"throughput/rollout_env_steps_per_s"' in line]
+steady = rows[2:] or rows  # the first iterations pay for CUDA and PhysX warm-up
+med = lambda key: statistics.median(r[key] for r in steady)
+print(f"gpu_check sim: iterations={len(rows)} rollout env steps/s={med('throughput/rollout_env_steps_per_s'):.0f} "
+      f"whole-iteration env steps/s={med('throughput/env_steps_per_s'):.0f} update s/iteration={med('time/update'):.3f} "
+      f"reset s/iteration={med('time/reset'):.3f} rollout s/iteration={med('time/rollout'):.3f} "
+      f"held-out success at the end={rows[-1].get('eval/success')}")
+PYEOF
+}
+
+if [ "${SIM_ONLY:-0}" = 1 ]; then
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "gpu_check: needs a CUDA GPU" >&2; exit 1; }
+  sim_check
+  exit 0
+fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= $GPUS else 1)"; then
   echo "gpu_check: needs $GPUS CUDA GPU(s); found $("$PY" -c 'import torch; print(torch.cuda.device_count())')" >&2
   exit 1
@@ -43,3 +71,4 @@ if "$PY" -c "import vllm" 2>/dev/null; then
 else
   echo "gpu_check: vllm is not installed (pip install -e '.[vllm]'): tools/gpu_smoke_vllm.py not run"
 fi
+sim_check

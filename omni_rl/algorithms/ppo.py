@@ -1,13 +1,38 @@
 """PPO for chunked policies: GAE, the clipped surrogate, the clipped Huber value loss,
 and episode-group advantages for the critic-free variant.
 
-Time runs over chunks: one transition is one action chunk, its reward the sum of the
-rewards of the actions executed. Shapes: [T, N] for T chunks of N envs.
+Time runs over chunks: one transition is one action chunk of h executed env steps.
+The discount and GAE's lambda are set per env step and turned into per-chunk terms
+(:func:`chunk_discounting`), so the effective horizon does not change with the chunk
+size. Shapes: [T, N] for T chunks of N envs, [T, N, h] per env step.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def chunk_discounting(
+    step_rewards: torch.Tensor, alive: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-step discounting folded into chunks.
+
+    Args:
+        step_rewards: [T, N, h] rewards of each executed env step (0 where not alive).
+        alive: [T, N, h] bool, the step belongs to the episode the chunk started in.
+        gamma, lam: discount and GAE lambda per env step.
+
+    Returns:
+        reward [T, N]: sum_j gamma^j r_j over the chunk's steps of its episode;
+        discount [T, N]: gamma^n, n the number of those steps (what the next state's
+        value is discounted by); lam [T, N]: lam^n.
+    """
+    h = step_rewards.shape[-1]
+    powers = gamma ** torch.arange(h, dtype=step_rewards.dtype, device=step_rewards.device)
+    live = alive.to(step_rewards.dtype)
+    n = live.sum(dim=-1)
+    reward = (step_rewards * live * powers).sum(dim=-1)
+    return reward, torch.pow(gamma, n), torch.pow(lam, n)
 
 
 def gae(
@@ -16,8 +41,8 @@ def gae(
     next_values: torch.Tensor,
     terminated: torch.Tensor,
     done: torch.Tensor,
-    gamma: float,
-    lam: float,
+    gamma: float | torch.Tensor,
+    lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation.
 
@@ -29,18 +54,21 @@ def gae(
         terminated: [T, N] the episode ended in a terminal state (no bootstrap).
         done: [T, N] the episode ended (terminated or truncated): the advantage
             recursion stops there.
-        gamma, lam: discount per chunk and GAE's lambda.
+        gamma, lam: discount and GAE's lambda per chunk, floats or [T, N] (from
+            :func:`chunk_discounting`).
 
     Returns:
         advantages [T, N] and returns (advantages + values) [T, N].
     """
+    gamma = torch.as_tensor(gamma, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     not_terminal = 1.0 - terminated.float()
     continues = 1.0 - done.float()
     deltas = rewards + gamma * next_values * not_terminal - values
     advantages = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        running = deltas[t] + gamma * lam * continues[t] * running
+        running = deltas[t] + gamma[t] * lam[t] * continues[t] * running
         advantages[t] = running
     return advantages, advantages + values
 

@@ -25,16 +25,19 @@ class QuickstartSimConfig:
         default_factory=lambda: RunConfig(name="quickstart_sim", output_dir="runs/quickstart_sim", threads=2)
     )
     """Output directory, seed and hardware."""
+    seeds: int = 3
+    """Training seeds, run one after another: run.seed, run.seed + 1, ..."""
     demo_episodes: int = 5
     """Expert episodes collected for the warm start (from seeds the evaluation never uses)."""
     env: SimEnvConfig = field(default_factory=lambda: SimEnvConfig(task="PushCube-v1", num_envs=8, backend="cpu"))
     """The environments."""
-    policy: FlowPolicyConfig = field(default_factory=lambda: FlowPolicyConfig(logprob="mean"))
-    """The policy (log-probs averaged per element keep the chunk ratio near 1)."""
-    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(actor_lr=5e-5))
-    """The update (a small actor rate keeps the cloned policy from drifting)."""
+    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
+    """The policy."""
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(actor_lr=1e-4, ratio="element", critic_warmup=10))
+    """The update: a ratio per action element, a small actor rate that keeps the cloned
+    policy from drifting, and 10 iterations that fit the critic before the actor moves."""
     trainer: FlowTrainerConfig = field(
-        default_factory=lambda: FlowTrainerConfig(iterations=300, eval_every=50, eval_episodes=100)
+        default_factory=lambda: FlowTrainerConfig(iterations=300, eval_every=50, eval_episodes=200)
     )
     """The loop (held-out success is measured on ``eval_episodes`` seeds)."""
     bc: BCConfig = field(default_factory=lambda: BCConfig(steps=500))
@@ -42,3 +45,4 @@ class QuickstartSimConfig:
 
     def __post_init__(self):
         require(self.demo_episodes >= 1, "demo_episodes", "must be >= 1")
+        require(self.seeds >= 1, "seeds", "must be >= 1")

@@ -14,7 +14,9 @@ A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batc
   (tokens, sequences, samples: see ``omni_rl.algorithms.losses.aggregate``), so the
   engine undoes the data-parallel mean of the gradient reduction and N ranks compute
   what one process computes;
-- the global gradient-norm clip across shards, and a non-finite guard: a step whose
+- the global gradient-norm clip across shards (or one clip per parameter group, for
+  models whose parts learn apart, such as an actor and a critic), and a non-finite
+  guard: a step whose
   gradients hold NaN or inf is skipped (weights and optimizer state untouched), counted,
   and ``max_bad_steps`` of them in a row stop the run;
 - the optimizer (a registered ``optimizer:`` section) and the learning-rate schedule;
@@ -103,6 +105,8 @@ class StepResult:
     """The gradients were not finite and the update was skipped."""
     lr: float
     """Learning rate of the first parameter group used by this step."""
+    group_norms: tuple[float, ...] = ()
+    """Each parameter group's gradient norm before clipping, where groups clip apart."""
 
 
 class Engine:
@@ -116,7 +120,9 @@ class Engine:
         precision, strategy, max_grad_norm, schedule, warmup_steps, min_lr_ratio,
             max_bad_steps: as in ``TrainerConfig``.
         param_groups: ``fn(model) -> [{"params": [...], "lr": ...}, ...]`` called after
-            wrapping (FSDP2 replaces parameters); default: every trainable parameter.
+            wrapping (FSDP2 replaces parameters); default: every trainable parameter. A
+            group with a ``max_grad_norm`` key is clipped to it on its own (then every
+            group needs one) instead of by the global clip.
     """
 
     def __init__(
@@ -168,6 +174,11 @@ class Engine:
         self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
         if not self.params:
             raise OmniRLError("no trainable parameters (is everything frozen?)")
+        own = [isinstance(g, dict) and "max_grad_norm" in g for g in groups]
+        if any(own) and not all(own):
+            raise OmniRLError("param_groups: either every group has its own max_grad_norm or none has")
+        # [(params, clip)] per group, or None: one global clip over every parameter
+        self.clip_groups = [(list(g["params"]), g.pop("max_grad_norm")) for g in groups] if any(own) else None
         self.optimizer = optimizer.build(groups)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, schedule, min_lr_ratio)
@@ -276,11 +287,12 @@ class Engine:
 
     def step(self) -> StepResult:
         """Clip, check and apply the accumulated gradients, then clear them."""
-        clip = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        grad_norm = float(norm)
+        if self.clip_groups is None:
+            group_norms: tuple[float, ...] = ()
+            grad_norm = _clip(self.params, self.max_grad_norm)
+        else:
+            group_norms = tuple(_clip(params, clip) for params, clip in self.clip_groups)
+            grad_norm = math.sqrt(sum(n * n for n in group_norms))
         lr = self.scheduler.get_last_lr()[0]
         skipped = not math.isfinite(grad_norm)
         if skipped:
@@ -301,7 +313,7 @@ class Engine:
             for module in self.module.modules():
                 if hasattr(module, "reshard"):
                     module.reshard()
-        return StepResult(grad_norm, skipped, lr)
+        return StepResult(grad_norm, skipped, lr, group_norms)
 
     def metrics(self) -> dict:
         """Run-level counters for the metrics log (and this GPU's peak memory so far)."""
@@ -318,6 +330,15 @@ class Engine:
     def load_state(self, state: dict) -> None:
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
         self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
+
+
+def _clip(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip ``params``' gradients to ``max_norm`` in total (0: no clip); returns their
+    norm before clipping, across shards."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
 
 
 def _autocast_forward(model: nn.Module, device: torch.device) -> None:

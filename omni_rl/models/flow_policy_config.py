@@ -32,9 +32,12 @@ class FlowPolicyConfig:
     noise_level: float = 0.5
     """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
     sde_mode: Literal["hybrid", "chain"] = "hybrid"
-    """Flow-SDE: one random stochastic step per query (hybrid) or all steps (chain)."""
+    """Flow-SDE: one stochastic step per query (hybrid) or all steps (chain)."""
+    hybrid_step: Literal["last", "late", "uniform"] = "last"
+    """Flow-SDE hybrid's stochastic step: the last one (its noise reaches the action; the
+    flow erases earlier noise), drawn with weight k + 1 (late), or uniformly (pi_RL)."""
     logprob: Literal["sum", "mean"] = "sum"
-    """A chunk's log-prob: the sum over executed actions and dims, or their mean (RLinf)."""
+    """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims, or their mean (RLinf)."""
 
     def __post_init__(self):
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")

@@ -7,12 +7,16 @@ policy on them:
 
     ROLLOUT   sample a chunk per env (K denoising steps, some stochastic), run its
               executed actions, sum their rewards; keep the denoising chain
-    ADVANTAGE GAE over chunks with the critic (bootstrapping truncated episodes), or,
-              critic-free, each episode's return normalized within its group of
-              episodes that started from the same state
+    ADVANTAGE GAE over chunks with the critic (per-step gamma and lambda folded into
+              chunks, bootstrapping truncated episodes), or, critic-free, each
+              episode's return normalized within its group of episodes that started
+              from the same state
     UPDATE    epochs of mini-batches: clipped ratio per chunk or per element,
-              clipped Huber value loss, entropy bonus, separate actor/critic rates
-    EVALUATE  success rate on held-out seeds with the deterministic (ODE) sampler
+              Huber value loss (clipped relative to the return scale, or not),
+              entropy bonus, separate actor/critic rates and gradient clips; the
+              first ``ppo.critic_warmup`` iterations train the critic alone
+    EVALUATE  success rate on held-out seeds with the deterministic (ODE) sampler,
+              its start noise from a generator of its own; a 95% interval
     LOG, CHECKPOINT
 
 Under torchrun each process steps its share of the envs (``omni_rl.sim.rollout``).
@@ -32,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from omni_rl.algorithms.flow import reduce_logprob
-from omni_rl.algorithms.ppo import clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.algorithms.ppo import chunk_discounting, clipped_surrogate, gae, group_advantages, value_loss
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import Engine
@@ -41,14 +45,14 @@ from omni_rl.models.flow_policy import FlowPolicy
 from omni_rl.recipes.common import MetricsLog, Run, Timer, per_rank, start_run
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.sim import make_vec_env
-from omni_rl.sim.experts import demo_chunks
+from omni_rl.sim.experts import check_demo_seeds, demo_chunks
 from omni_rl.sim.rollout import (
     EnvShare,
     Rollout,
+    binomial_interval,
     collect,
     episode_metrics,
     episode_seeds,
-    episode_totals,
     evaluate_success,
 )
 
@@ -79,6 +83,7 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
             sigma_max=p.sigma_max,
             noise_level=p.noise_level,
             sde_mode=p.sde_mode,
+            hybrid_step=p.hybrid_step,
         )
         stream.set_state(torch.get_rng_state())
     return policy
@@ -144,37 +149,45 @@ def behaviour_clone(engine: Engine, cfg: FlowPPOConfig, run: Run, stream: torch.
 
 
 def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
-    """PPO's optimizer: Adam with separate actor and critic rates, global-norm clipping."""
+    """PPO's optimizer: Adam with separate actor and critic rates, each part's gradient
+    norm clipped on its own (the critic's large early gradients never shrink the actor's
+    step)."""
     p = cfg.ppo
 
     def actor_and_critic(model: FlowPolicy) -> list[dict]:
         return [
-            {"params": model.actor_parameters(), "lr": p.actor_lr},
-            {"params": model.critic_parameters(), "lr": p.critic_lr},
+            {"params": model.actor_parameters(), "lr": p.actor_lr, "max_grad_norm": p.actor_max_grad_norm},
+            {"params": model.critic_parameters(), "lr": p.critic_lr, "max_grad_norm": p.critic_max_grad_norm},
         ]
 
     steps = cfg.trainer.iterations * p.epochs * p.minibatches
-    engine.use_optimizer(
-        AdamWConfig(lr=p.actor_lr), steps, param_groups=actor_and_critic, max_grad_norm=p.max_grad_norm
-    )
+    engine.use_optimizer(AdamWConfig(lr=p.actor_lr), steps, param_groups=actor_and_critic)
 
 
 def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, N] advantages and value targets (per env: this process's envs suffice)."""
-    if not cfg.ppo.critic_free:
-        return gae(
-            rollout.rewards,
-            rollout.values,
-            rollout.next_values,
-            rollout.terminated,
-            rollout.done,
-            cfg.ppo.gamma,
-            cfg.ppo.lam,
-        )
-    returns = (rollout.rewards * rollout.valid).sum(dim=0)
-    groups = torch.arange(returns.shape[0]) // cfg.ppo.group_size
-    adv = group_advantages(returns, groups)[None, :].expand_as(rollout.rewards)
-    return adv.clone(), returns[None, :].expand_as(rollout.rewards).clone()
+    p = cfg.ppo
+    rewards = rollout.rewards * p.reward_scale
+    if not p.critic_free:
+        reward, discount, lam = chunk_discounting(rewards, rollout.alive, p.gamma, p.lam)
+        return gae(reward, rollout.values, rollout.next_values, rollout.terminated, rollout.done, discount, lam)
+    returns = (rewards * rollout.alive).sum(dim=-1)
+    returns = (returns * rollout.valid).sum(dim=0)
+    groups = torch.arange(returns.shape[0], device=returns.device) // p.group_size
+    adv = group_advantages(returns, groups)[None, :].expand_as(rollout.valid)
+    return adv.float().clone(), returns[None, :].expand_as(rollout.valid).float().clone()
+
+
+def value_clip(returns: torch.Tensor, cfg: FlowPPOConfig) -> float | None:
+    """The value loss's clip for this iteration: ``ppo.value_clip`` times the std of
+    every process's value targets (``returns`` [T, N], valid chunks), or as set."""
+    p = cfg.ppo
+    if p.value_clip is None or p.value_clip_scale == "absolute":
+        return p.value_clip
+    x = returns.double()
+    n, total, squares = distributed.all_sum([x.numel(), x.sum().item(), x.square().sum().item()])
+    std = math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
+    return p.value_clip * max(std, 1e-6)
 
 
 def minibatches(rollout: Rollout, envs: EnvShare, cfg: FlowPPOConfig, stream: torch.Generator):
@@ -207,9 +220,13 @@ def advantage_scales(batches: list, adv: torch.Tensor) -> list[tuple[float, floa
     return scales
 
 
-def ppo_loss(engine: Engine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig) -> tuple[torch.Tensor, dict]:
+def ppo_loss(
+    engine: Engine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig, train_actor: bool, clip: float | None
+) -> tuple[torch.Tensor, dict]:
     """The PPO loss of chunks ``b`` summed over them (the caller divides by the global
-    mini-batch size), and their diagnostics: sums, and the largest ratio."""
+    mini-batch size), and their diagnostics: sums, and the largest ratio. Without
+    ``train_actor`` (the critic's warm-up) only the value loss is optimized; ``clip``:
+    the value clip."""
     p, policy = cfg.ppo, engine.module
     logp, entropy, value = engine.model(b["obs"], b["chain"], b["stochastic"])
     if p.ratio == "element":
@@ -219,24 +236,34 @@ def ppo_loss(engine: Engine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig) -> 
         new = reduce_logprob(logp, policy.action_mask, cfg.policy.logprob)
         old = reduce_logprob(b["logp"], policy.action_mask, cfg.policy.logprob)
     policy_loss, stats = clipped_surrogate(new, old, adv, p.clip_low, p.clip_high, reduction="sum")
-    loss = policy_loss - p.entropy_coef * entropy.sum()
+    # the warm-up's loss leaves the actor's gradients unset: the optimizer skips it
+    loss = policy_loss - p.entropy_coef * entropy.sum() if train_actor else torch.zeros((), device=value.device)
     n = adv.shape[0]
     record = {"n": n, "policy_loss": policy_loss.item(), "entropy": entropy.sum().item()}
     record.update({k: stats[k] * n for k in ("ratio_mean", "clip_fraction", "approx_kl")})
     record["ratio_max"] = stats["ratio_max"]
     if not p.critic_free:
-        v_loss = value_loss(value, b["values"], b["returns"], p.value_clip, p.huber_delta, reduction="sum")
+        v_loss = value_loss(value, b["values"], b["returns"], clip, p.huber_delta, reduction="sum")
         loss = loss + p.value_coef * v_loss
         record["value_loss"] = v_loss.item()
     return loss, record
 
 
 def update(
-    engine: Engine, rollout: Rollout, adv, returns, cfg: FlowPPOConfig, envs: EnvShare, stream: torch.Generator
+    engine: Engine,
+    rollout: Rollout,
+    adv,
+    returns,
+    cfg: FlowPPOConfig,
+    envs: EnvShare,
+    stream: torch.Generator,
+    train_actor: bool = True,
 ) -> dict:
     """PPO epochs over global mini-batches of valid chunks, one optimizer step each;
-    returns the diagnostics averaged over mini-batches."""
+    returns the diagnostics averaged over mini-batches. ``train_actor`` False: the
+    critic alone learns (warm-up)."""
     p = cfg.ppo
+    clip = None if p.critic_free else value_clip(returns[rollout.valid], cfg)
     flat = {
         "obs": rollout.obs.flatten(0, 1),
         "chain": rollout.chain.flatten(0, 1),
@@ -246,7 +273,7 @@ def update(
         "adv": adv.flatten(),
         "returns": returns.flatten(),
     }
-    records, grad_norms = [], []
+    records, grad_norms, group_norms = [], [], []
     for _ in range(p.epochs):
         batches = list(minibatches(rollout, envs, cfg, stream))
         scales = advantage_scales(batches, flat["adv"]) if p.normalize_advantages else [(0.0, 1.0)] * len(batches)
@@ -255,11 +282,18 @@ def update(
             # data-parallel wrappers reduce gradients in every process together
             weight = 1.0 if mine.numel() else 0.0
             b = {k: v[mine if mine.numel() else [0]].to(engine.device) for k, v in flat.items()}
-            loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg)
+            loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg, train_actor, clip)
             engine.backward(loss * (weight / size))
-            grad_norms.append(engine.step().grad_norm)
+            result = engine.step()
+            grad_norms.append(result.grad_norm)
+            group_norms.append(result.group_norms)
             records.append(record if weight else {"n": 0})
-    return mean_diagnostics(records, grad_norms)
+    diagnostics = mean_diagnostics(records, grad_norms)
+    for name, norms in zip(("actor_grad_norm", "critic_grad_norm"), zip(*group_norms, strict=True), strict=True):
+        diagnostics[f"train/{name}"] = sum(norms) / len(norms)
+    if clip is not None:
+        diagnostics["train/value_clip"] = clip
+    return diagnostics
 
 
 def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
@@ -278,15 +312,27 @@ def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
 
 
 def evaluate(engine: Engine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
-    """Held-out success, return and length: each process plays its share of the seeds
-    with the full policy; the totals add up over processes."""
+    """Held-out success (with its 95% interval), return and length: each process plays
+    its share of the seeds with the full policy; the totals add up over processes."""
     t = cfg.trainer
     with engine.gathered():
-        episodes = evaluate_success(
+        totals = evaluate_success(
             engine.module, env, envs, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, engine.device
         )
-    success, ret, length, count = distributed.all_sum(episode_totals(episodes))
-    return {"success": success / t.eval_episodes, "return": ret / max(count, 1), "length": length / max(count, 1)}
+    success, ret, length, count = distributed.all_sum(totals)
+    low, high = binomial_interval(success, t.eval_episodes)
+    return {
+        "success": success / t.eval_episodes,
+        "success_low": low,
+        "success_high": high,
+        "return": ret / max(count, 1),
+        "length": length / max(count, 1),
+    }
+
+
+def interval_summary(name: str, result: dict) -> dict:
+    """``{name: success, name_ci95: [low, high]}`` of an :func:`evaluate` result."""
+    return {name: result["success"], f"{name}_ci95": [round(result["success_low"], 4), round(result["success_high"], 4)]}
 
 
 # ------------------------------------------------------------------------------ train
@@ -304,6 +350,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
         backend=cfg.env.backend,
         obs_mode=cfg.env.obs_mode,
         control_mode=cfg.env.control_mode,
+        reward_mode=cfg.env.reward_mode,
         seed=cfg.run.seed + envs.start,
         max_episode_steps=cfg.env.max_episode_steps,
         ignore_terminations=cfg.env.ignore_terminations,
@@ -324,12 +371,12 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
     # WARM START: behaviour cloning, then the held-out success RL starts from
     if run.resume_from is None:
         if cfg.bc.demos:
+            check_demo_seeds(cfg.bc.demos, t.eval_seed, t.eval_episodes)
             bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
             summary["bc_loss"] = behaviour_clone(engine, cfg, run, stream, bc_log)
             bc_log.close()
         start_eval = evaluate(engine, env, envs, cfg)
-        summary["success_bc"] = start_eval["success"]
-        summary["env_steps"] = 0
+        summary.update(interval_summary("success_bc", start_eval), env_steps=0, backend=env.backend)
     # PPO's optimizer; a resumed run restores it, the weights and the shared stream
     use_ppo_optimizer(engine, cfg)
     if run.resume_from is not None:
@@ -349,15 +396,19 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
     for iteration in bar:
         timer = Timer()
         # ROLLOUT: one episode's worth of chunks per env, this process's share of them
-        with timer("rollout"), engine.gathered():
+        with timer("reset"):
             seeds = episode_seeds(cfg.run.seed, iteration, envs.total, group, t.eval_seed)
-            rollout, episodes = collect(policy, env, envs, seeds, chunks, stream, run.device)
+            obs = env.reset(seed=seeds[envs.rows])
+        with timer("rollout"), engine.gathered():
+            rollout, episodes = collect(policy, env, envs, obs, chunks, stream, run.device)
+        # the critic's warm-up: its first iterations fit the value head alone
+        train_actor = iteration >= p.critic_warmup
         env_steps = chunks * envs.total * policy.executed
         summary["env_steps"] = summary.get("env_steps", 0) + env_steps
         # ADVANTAGE + UPDATE
         with timer("update"):
             adv, returns = advantages(rollout, cfg)
-            metrics = update(engine, rollout, adv, returns, cfg, envs, stream)
+            metrics = update(engine, rollout, adv, returns, cfg, envs, stream, train_actor)
         # LOG: episode totals add up over processes, timings are averaged
         timing = distributed.mean_metrics(
             {
@@ -368,12 +419,13 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
         )
         row = {
             "step": iteration + 1,
-            **episode_metrics(distributed.all_sum(episode_totals(episodes))),
+            **episode_metrics(distributed.all_sum(episodes.totals())),
             **metrics,
             **engine.metrics(),
             **timing,
             "policy/noise_std": math.exp(metrics.get("train/entropy", 0.0) - 0.5 * (math.log(2 * math.pi) + 1)),
             "env_steps": summary["env_steps"],
+            "train/actor_updated": float(train_actor),
         }
         # EVALUATE
         last = iteration + 1 == t.iterations
@@ -388,8 +440,10 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
             state = {"summary": summary, "stream": stream.get_state().tolist()}
             checkpoint.save(engine, run.out, iteration + 1, state, keep_last=t.keep_last)
     log.close()
+    if "eval/success" in row:
+        summary.update(interval_summary("success_rl", {k[5:]: v for k, v in row.items() if k.startswith("eval/")}))
     summary.update(
-        success_rl=row.get("eval/success", summary.get("success_rl")),
+        heldout_episodes=t.eval_episodes,
         iterations=t.iterations,
         seconds=round(time.perf_counter() - started, 1),
     )
