@@ -556,7 +556,12 @@ def _rewards_score(args: argparse.Namespace) -> int:
     arg("--task", required=True, help="a task with a scripted expert: PushCube-v1 or PickCube-v1"),
     arg("--episodes", required=True, type=int, metavar="N", help="episodes to record"),
     arg("--out", required=True, metavar="FILE", help="output .safetensors file"),
-    arg("--seed", type=int, default=2_000_000, help="episode e is seeded SEED + e (default: above every training and held-out seed)"),
+    arg(
+        "--seed",
+        type=int,
+        default=2_000_000,
+        help="episode e is seeded SEED + e (default: above every training and held-out seed)",
+    ),
     arg("--num-envs", type=int, default=2, metavar="K", help="envs stepped together (CPU: one process each)"),
     arg("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="simulator backend (auto: gpu with CUDA)"),
 )

@@ -230,15 +230,19 @@ def check_demo_seeds(path: str | Path, eval_seed: int, eval_episodes: int) -> No
     """Refuse demonstrations whose episodes share a seed with the held-out ones
     ``[eval_seed, eval_seed + eval_episodes)``: cloning them would leak the evaluation.
     A file from before per-episode seeds records no range; that is said once."""
-    meta = load_demos(path).meta
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("omni_rl", "{}"))
     if "episode_seeds" not in meta:
         log.warning("%s: records no episode seeds; cannot check them against the held-out seeds", path)
         return
     low, high = meta["episode_seeds"]
     if low < eval_seed + eval_episodes and eval_seed < high:
         raise OmniRLError(
-            f"{path}: demo seeds [{low}, {high}) overlap the held-out seeds [{eval_seed}, {eval_seed + eval_episodes}); "
-            f"collect them with --seed {DEMO_SEED} (the default) or move trainer.eval_seed"
+            f"{path}: demo seeds [{low}, {high}) overlap the held-out seeds "
+            f"[{eval_seed}, {eval_seed + eval_episodes}); collect them with --seed {DEMO_SEED} (the default) "
+            "or move trainer.eval_seed"
         )
 
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_rl.engine import distributed
 from omni_rl.sim.base import EndedEpisodes
 
 
@@ -89,7 +88,9 @@ class EpisodeTotals:
         return self.sums.tolist()
 
 
-def run_chunk(env, actions: torch.Tensor, executed: int, totals: EpisodeTotals | None = None, keep=None) -> ChunkOutcome:
+def run_chunk(
+    env, actions: torch.Tensor, executed: int, totals: EpisodeTotals | None = None, keep=None
+) -> ChunkOutcome:
     """Step the first ``executed`` actions of each chunk ([N, H, D]). An episode that
     ends mid-chunk counts only its own rewards; the env has already reset, and the
     chunk's leftover actions run in the new episode. Ended episodes add to ``totals``."""

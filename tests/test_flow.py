@@ -18,7 +18,14 @@ from omni_rl.algorithms.flow import (
     sde_sigma,
     sde_step,
 )
-from omni_rl.algorithms.ppo import chunk_discounting, clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.algorithms.ppo import (
+    chunk_discounting,
+    clipped_surrogate,
+    explained_variance,
+    gae,
+    group_advantages,
+    value_loss,
+)
 from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
 from omni_rl.sim.point_mass import PointMassEnv
 from omni_rl.sim.rollout import EnvShare, binomial_interval, evaluate_success
@@ -282,3 +289,24 @@ def test_evaluation_noise_depends_on_neither_the_method_nor_the_training_stream(
     assert results[0][3] == 20  # episodes counted: 20 of the 24 played in 3 rounds of 8
     again = evaluate_success(base, env, EnvShare.whole(8), 20, 1_000_000, 12, torch.device("cpu"))
     assert again == results[0]
+
+
+def test_flow_noise_at_the_last_step_alone_scores_what_it_drew():
+    torch.manual_seed(0)
+    policy = FlowPolicy(6, 2, horizon=4, executed=2, steps=5, width=32, method="flow_noise", noise_steps="last")
+    obs = torch.randn(7, 6)
+    sample = policy.sample(obs, generator=torch.Generator().manual_seed(3))
+    assert sample.stochastic.tolist() == [[False] * 4 + [True]] * 7
+    logp, _, _ = policy.evaluate(obs, sample.chain, sample.stochastic)
+    assert torch.allclose(logp, sample.logp, atol=1e-4)
+    # the ODE steps add nothing: the likelihood is the start's and the last step's
+    ode = policy.sample(obs, deterministic=True, start=sample.chain[:, 0])
+    assert torch.allclose(ode.chain[:, :-1], sample.chain[:, :-1], atol=1e-6)
+
+
+def test_explained_variance_by_hand():
+    returns = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(torch.full((4,), 3.0), returns) == pytest.approx(0.0, abs=1e-6)
+    # residuals [0, 0, 0, 2]: var 1 of the returns' var 14/3
+    assert explained_variance(torch.tensor([1.0, 2.0, 3.0, 4.0]), returns) == pytest.approx(1 - 1 / (14 / 3))

@@ -239,6 +239,19 @@ def test_gpu_resets_give_each_env_the_start_of_its_own_seed():
     assert torch.equal(changed.state[:3], scene.state[:3]) and not torch.equal(changed.state[3], scene.state[3])
 
 
+def test_the_gpu_backend_resets_through_the_per_env_path():
+    """ManiSkillGPUEnv's seeded reset (built without CUDA: its scene is the stand-in)."""
+    from omni_rl.sim.maniskill import ManiSkillGPUEnv
+
+    env = ManiSkillGPUEnv.__new__(ManiSkillGPUEnv)
+    env._env, env.num_envs, env.device, env.task = BatchedSceneLikeManiSkill(3), 3, torch.device("cpu"), "PushCube-v1"
+    obs = env._reset(5)  # an int seeds env i with 5 + i, each alone
+    alone = BatchedSceneLikeManiSkill(1)
+    for i in range(3):
+        alone.reset(seed=[5 + i])
+        assert torch.equal(obs[i], alone.state[0])
+
+
 def test_auto_backend_says_what_it_chose(caplog):
     with caplog.at_level("WARNING", logger="omni_rl.sim.maniskill"):
         chosen = resolve_backend("auto")

@@ -73,6 +73,13 @@ def gae(
     return advantages, advantages + values
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): 1 for a perfect critic, 0 for one that
+    predicts the mean, negative for worse (NaN where the returns do not vary)."""
+    var = returns.var()
+    return float("nan") if var == 0 else float(1.0 - (returns - values).var() / var)
+
+
 def normalize(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Zero mean, unit std over the batch."""
     return (advantages - advantages.mean()) / (advantages.std() + eps)

@@ -19,6 +19,7 @@ from pathlib import Path
 from omni_rl.config import config_from_dict, save_config, to_dict
 from omni_rl.demos.quickstart_sim_config import QuickstartSimConfig
 from omni_rl.recipes import flow_ppo
+from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.runtime import set_threads
 from omni_rl.sim.experts import DEMO_SEED, collect_demos
 
@@ -66,20 +67,11 @@ def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path) -> dict:
         cfg.env.task,
         cfg.demo_episodes,
         demos,
-        seed=DEMO_SEED + DEMO_SEED_STRIDE * seed,
+        seed=demo_seed(seed),
         num_envs=cfg.env.num_envs,
         backend=cfg.env.backend,
     )
-    train_cfg = config_from_dict(
-        {
-            "recipe": "flow_ppo",
-            **{k: to_dict(getattr(cfg, k)) for k in ("env", "policy", "ppo", "trainer")},
-            "run": {**to_dict(cfg.run), "seed": seed, "output_dir": str(out / "flow_ppo"), "overwrite": True},
-            "bc": {**to_dict(cfg.bc), "demos": str(demos)},
-        },
-        "quickstart sim",
-    )
-    result = flow_ppo.train(train_cfg)
+    result = flow_ppo.train(train_config(cfg, seed, out / "flow_ppo", demos))
     rows = [json.loads(line) for line in (out / "flow_ppo" / "metrics.jsonl").read_text().splitlines() if line]
     from omni_rl.plots import plot_metrics
 
@@ -92,6 +84,24 @@ def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path) -> dict:
         "lowest_eval": min(r["eval/success"] for r in rows if "eval/success" in r),
         "eval_curve": [[r["step"], r["eval/success"]] for r in rows if "eval/success" in r],
     }
+
+
+def demo_seed(seed: int) -> int:
+    """The first demonstration seed of training seed ``seed``."""
+    return DEMO_SEED + DEMO_SEED_STRIDE * seed
+
+
+def train_config(cfg: QuickstartSimConfig, seed: int, out: Path, demos: Path) -> FlowPPOConfig:
+    """The flow_ppo recipe's config of training seed ``seed``: the quickstart's sections."""
+    return config_from_dict(
+        {
+            "recipe": "flow_ppo",
+            **{k: to_dict(getattr(cfg, k)) for k in ("env", "policy", "ppo", "trainer")},
+            "run": {**to_dict(cfg.run), "seed": seed, "output_dir": str(out), "overwrite": True},
+            "bc": {**to_dict(cfg.bc), "demos": str(demos)},
+        },
+        "quickstart sim",
+    )
 
 
 def spread(runs: list[dict]) -> dict:

@@ -4,24 +4,29 @@ The policy maps an observation to a chunk of H actions (the first ``executed`` o
 which are run before the next query) by K denoising steps of a learned velocity field
 (convention and formulas in ``omni_rl.algorithms.flow``). The observation encoder is a
 registered, replaceable part: an MLP over state vectors here; a VLA backbone's
-features can take its place. The value head reads detached encoder features, so the
-critic's loss never moves the actor.
+features can take its place. The critic never moves the actor: it reads either the
+raw observation through a network of its own (``value_input="obs"``, for state
+vectors: features cloned from a few demonstrations describe the states the expert
+visited, not the value of the ones RL reaches) or the encoder's detached features
+(``"features"``, for a backbone whose input is too large for a second network).
 
 Sampling methods:
   - ``ode``: deterministic, for evaluation;
-  - ``flow_noise``: every step stochastic, std from a learned noise head;
+  - ``flow_noise``: std from a learned noise head, at every step (``noise_steps="all"``,
+    pi_RL's) or at the last step alone (``"last"``, the others follow the ODE);
   - ``flow_sde``: ``hybrid`` (one step per query is stochastic, the others follow the
     ODE) or ``chain`` (every step stochastic).
 
-Which step hybrid mode makes stochastic (``hybrid_step``) decides whether exploration
-reaches the action. A flow cloned from a deterministic expert contracts: its later
-steps pull a perturbed x back onto the learned path, so noise injected early is mostly
-erased before the action comes out. Measured on the PushCube policy after behaviour
-cloning (a = 0.5, K = 4), the action's std with noise at step 0, 1, 2 or 3 alone was
-0.010, 0.013, 0.015 and 0.144: drawn uniformly (pi_RL's choice, ``uniform``), three
-chunks in four explore almost nothing yet still carry gradients. ``last`` (the
-default) always makes the final step stochastic; ``late`` draws step k with weight
-k + 1.
+Which steps are stochastic (Flow-SDE's ``hybrid_step``, Flow-Noise's ``noise_steps``)
+decides whether exploration reaches the action. A flow cloned from a deterministic
+expert contracts: its later steps pull a perturbed x back onto the learned path, so
+noise injected early is largely erased before the action comes out. On the quickstart's
+cloned PushCube policy (``tools/noise_reach.py``, K = 4) the action's std with noise at
+step 0, 1, 2 or 3 alone is 0.060, 0.075, 0.081 and 0.144 for Flow-SDE (a = 0.5) and
+0.014, 0.021, 0.039 and 0.120 for Flow-Noise. Drawn uniformly (pi_RL's choice,
+``uniform``), three chunks in four explore less than half as much as the last step
+allows, yet every chunk carries a gradient. ``last`` (the default) always makes the
+final step stochastic; ``late`` draws step k with weight k + 1.
 """
 
 from __future__ import annotations
@@ -157,6 +162,8 @@ class FlowPolicy(nn.Module):
         method: 'flow_noise' or 'flow_sde' (how RL samples; 'ode' always available).
         sigma_min, sigma_max: the noise head's std bounds (Flow-Noise).
         noise_level: Flow-SDE's ``a``; sde_mode: 'hybrid' or 'chain'.
+        value_input: what the critic reads: 'obs' (its own MLP) or 'features'.
+        noise_steps: Flow-Noise's stochastic steps: 'all' or 'last'.
         hybrid_step: which step Flow-SDE hybrid makes stochastic: 'last', 'late' or
             'uniform' (see the module's docstring).
     """
@@ -176,6 +183,8 @@ class FlowPolicy(nn.Module):
         noise_level: float = 0.5,
         sde_mode: str = "hybrid",
         hybrid_step: str = "last",
+        value_input: str = "obs",
+        noise_steps: str = "all",
     ):
         super().__init__()
         self.settings = {
@@ -192,6 +201,8 @@ class FlowPolicy(nn.Module):
             "noise_level": noise_level,
             "sde_mode": sde_mode,
             "hybrid_step": hybrid_step,
+            "value_input": value_input,
+            "noise_steps": noise_steps,
         }
         if not 1 <= executed <= horizon:
             raise ValueError(f"executed actions {executed} must be within 1..horizon {horizon}")
@@ -199,17 +210,23 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"flow method '{method}': use flow_noise or flow_sde")
         if sde_mode not in ("hybrid", "chain"):
             raise ValueError(f"Flow-SDE mode '{sde_mode}': use hybrid or chain")
+        if noise_steps not in ("all", "last"):
+            raise ValueError(f"Flow-Noise steps '{noise_steps}': use all or last")
+        if value_input not in ("obs", "features"):
+            raise ValueError(f"value input '{value_input}': use obs or features")
         if hybrid_step not in HYBRID_STEPS:
             raise ValueError(f"Flow-SDE hybrid step '{hybrid_step}': use {', '.join(HYBRID_STEPS)}")
         self.obs_dim, self.action_dim = obs_dim, action_dim
         self.horizon, self.executed, self.steps = horizon, executed, steps
         self.method, self.sde_mode, self.hybrid_step = method, sde_mode, hybrid_step
+        self.noise_steps = noise_steps
         self.sigma_min, self.sigma_max, self.noise_level = sigma_min, sigma_max, noise_level
         self.encoder = ENCODERS.get(encoder)(obs_dim, width)
         features, flat, self.time_dim = self.encoder.out_dim, horizon * action_dim, 32
         self.velocity_net = mlp([flat + self.time_dim + features, width, width, flat])
         self.noise_net = mlp([flat + self.time_dim + features, width, flat])
-        self.value_head = mlp([features, width, 1])
+        self.value_input = value_input
+        self.value_head = mlp([obs_dim, width, width, 1] if value_input == "obs" else [features, width, 1])
         mask = torch.zeros(horizon, action_dim)
         mask[:executed] = 1.0
         self.register_buffer("action_mask", mask, persistent=False)
@@ -258,9 +275,9 @@ class FlowPolicy(nn.Module):
         """v(x_t, t | obs): [N, H, D] with t: [N]."""
         return self.velocity_net(self._heads_input(x, t, features)).view_as(x)
 
-    def value(self, features: torch.Tensor) -> torch.Tensor:
-        """V(obs) from detached features: [N]."""
-        return self.value_head(features.detach()).squeeze(-1)
+    def value(self, obs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """V(obs) [N], from the observation or the detached features (``value_input``)."""
+        return self.value_head(obs if self.value_input == "obs" else features.detach()).squeeze(-1)
 
     def _transition(self, x, t, features):
         """Velocity, and mean and std of a stochastic step from t (``t``: [N])."""
@@ -289,10 +306,14 @@ class FlowPolicy(nn.Module):
         return ChunkNoise(start, steps, pick)
 
     def _stochastic_steps(self, pick: torch.Tensor) -> torch.Tensor:
-        """[N, K] bool: every step, or the ``pick``-th one (Flow-SDE hybrid)."""
+        """[N, K] bool: every step, the ``pick``-th one (Flow-SDE hybrid) or the last
+        (Flow-Noise with ``noise_steps="last"``)."""
         if self.method == "flow_sde" and self.sde_mode == "hybrid":
             return torch.arange(self.steps, device=pick.device)[None, :] == pick[:, None]
-        return torch.ones(pick.shape[0], self.steps, dtype=torch.bool, device=pick.device)
+        stochastic = torch.ones(pick.shape[0], self.steps, dtype=torch.bool, device=pick.device)
+        if self.method == "flow_noise" and self.noise_steps == "last":
+            stochastic[:, :-1] = False
+        return stochastic
 
     @torch.no_grad()
     def sample(
@@ -339,13 +360,13 @@ class FlowPolicy(nn.Module):
         logp = chain_logprob(
             chain_t, torch.stack(means, 1), torch.stack(stds, 1), stochastic, self.method == "flow_noise"
         )
-        return ChunkSample(x.float(), chain_t, stochastic, logp.float(), self.value(features).float())
+        return ChunkSample(x.float(), chain_t, stochastic, logp.float(), self.value(obs, features).float())
 
     @torch.no_grad()
     def value_of(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs) [N] outside training (bootstrapping truncated episodes)."""
         with self._weights_dtype(obs.device):
-            return self.value(self.encoder(obs)).float()
+            return self.value(obs, None if self.value_input == "obs" else self.encoder(obs)).float()
 
     def _weights_dtype(self, device: torch.device):
         """Compute in the weights' dtype where it is not fp32: sampling outside
@@ -376,7 +397,7 @@ class FlowPolicy(nn.Module):
         logp = chain_logprob(chain, mean, std, stochastic, self.method == "flow_noise")
         weights = stochastic.float()[:, :, None, None] * self.action_mask
         entropy = (gaussian_entropy(std) * weights).sum(dim=(1, 2, 3)) / weights.sum(dim=(1, 2, 3)).clamp(min=1.0)
-        return logp, entropy, self.value(features)
+        return logp, entropy, self.value(obs, features)
 
     def bc_loss(
         self,

@@ -29,6 +29,9 @@ class FlowPolicyConfig:
     """Flow-Noise: smallest std of the noise head."""
     sigma_max: float = 0.16
     """Flow-Noise: largest std of the noise head."""
+    noise_steps: Literal["all", "last"] = "all"
+    """Flow-Noise: the noise head samples at every denoising step (pi_RL) or at the last alone
+    (its noise reaches the action; the flow erases earlier noise)."""
     noise_level: float = 0.5
     """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
     sde_mode: Literal["hybrid", "chain"] = "hybrid"
@@ -36,6 +39,8 @@ class FlowPolicyConfig:
     hybrid_step: Literal["last", "late", "uniform"] = "last"
     """Flow-SDE hybrid's stochastic step: the last one (its noise reaches the action; the
     flow erases earlier noise), drawn with weight k + 1 (late), or uniformly (pi_RL)."""
+    value_input: Literal["obs", "features"] = "obs"
+    """What the critic reads: the observation through its own MLP, or the encoder's detached features."""
     logprob: Literal["sum", "mean"] = "sum"
     """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims, or their mean (RLinf)."""
 
@@ -44,3 +49,8 @@ class FlowPolicyConfig:
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         require(0 < self.sigma_min <= self.sigma_max, "sigma_min", "need 0 < sigma_min <= sigma_max")
         require(self.noise_level > 0, "noise_level", "must be > 0")
+        require(
+            self.method == "flow_noise" or self.noise_steps == "all",
+            "noise_steps",
+            "is Flow-Noise's; Flow-SDE picks its steps with sde_mode and hybrid_step",
+        )

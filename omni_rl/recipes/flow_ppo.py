@@ -36,7 +36,14 @@ import torch
 from tqdm import tqdm
 
 from omni_rl.algorithms.flow import reduce_logprob
-from omni_rl.algorithms.ppo import chunk_discounting, clipped_surrogate, gae, group_advantages, value_loss
+from omni_rl.algorithms.ppo import (
+    chunk_discounting,
+    clipped_surrogate,
+    explained_variance,
+    gae,
+    group_advantages,
+    value_loss,
+)
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import Engine
@@ -84,6 +91,8 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
             noise_level=p.noise_level,
             sde_mode=p.sde_mode,
             hybrid_step=p.hybrid_step,
+            value_input=p.value_input,
+            noise_steps=p.noise_steps,
         )
         stream.set_state(torch.get_rng_state())
     return policy
@@ -195,7 +204,8 @@ def minibatches(rollout: Rollout, envs: EnvShare, cfg: FlowPPOConfig, stream: to
     chunks of every process (global index ``t * total + env``), cut in
     ``ppo.minibatches``. Yields (global size, this process's members as local indices
     ``t * count + i``)."""
-    valid = torch.cat(distributed.gather_objects([rollout.valid]), dim=1)  # [T, total]
+    # the mask crosses to the host (once an update) to be gathered; indices stay there
+    valid = torch.cat(distributed.gather_objects([rollout.valid.cpu()]), dim=1)  # [T, total]
     index = torch.nonzero(valid.flatten()).flatten()
     order = index[torch.randperm(index.numel(), generator=stream)]
     for batch in order.chunk(cfg.ppo.minibatches):
@@ -293,6 +303,10 @@ def update(
         diagnostics[f"train/{name}"] = sum(norms) / len(norms)
     if clip is not None:
         diagnostics["train/value_clip"] = clip
+    if not p.critic_free:  # of the values the rollout used (this process's envs)
+        diagnostics["train/explained_variance"] = explained_variance(
+            rollout.values[rollout.valid], returns[rollout.valid]
+        )
     return diagnostics
 
 
@@ -332,7 +346,10 @@ def evaluate(engine: Engine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
 
 def interval_summary(name: str, result: dict) -> dict:
     """``{name: success, name_ci95: [low, high]}`` of an :func:`evaluate` result."""
-    return {name: result["success"], f"{name}_ci95": [round(result["success_low"], 4), round(result["success_high"], 4)]}
+    return {
+        name: result["success"],
+        f"{name}_ci95": [round(result["success_low"], 4), round(result["success_high"], 4)],
+    }
 
 
 # ------------------------------------------------------------------------------ train

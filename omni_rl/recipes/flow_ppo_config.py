@@ -18,13 +18,15 @@ from omni_rl.sim.config import SimEnvConfig
 @dataclass
 class PPOConfig:
     """PPO over action chunks (or the critic-free GRPO variant). Defaults follow RLinf's
-    state-based ManiSkill settings (gamma 0.8, lambda 0.9, clip 0.2/0.2, grad clip 0.5),
-    per env step; the README's flow section gives the measurements behind the rest."""
+    state-based ManiSkill settings (gamma 0.8, clip 0.2/0.2, grad clip 0.5, 8 epochs)
+    per env step, except lambda: 1, not 0.9 (a critic fitted on a CPU's small batches
+    explains a third to a half of the returns' variance, and bootstrapping on it made
+    PPO unlearn its behaviour-cloned start; the README's flow section has the runs)."""
 
     gamma: float = 0.8
     """Discount per env step (a chunk of n steps discounts the next state's value by gamma^n)."""
-    lam: float = 0.9
-    """GAE lambda per env step (lambda^n per chunk)."""
+    lam: float = 1.0
+    """GAE lambda per env step (lambda^n per chunk); 1: the discounted return minus the value."""
     reward_scale: float = 1.0
     """Multiplies every env reward before advantages and value targets."""
     clip_low: float = 0.2
@@ -78,7 +80,9 @@ class PPOConfig:
         require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
         require(self.group_size >= 2, "group_size", "must be >= 2")
         require(
-            not (self.critic_free and self.critic_warmup), "critic_warmup", "critic-free training has no critic to warm up"
+            not (self.critic_free and self.critic_warmup),
+            "critic_warmup",
+            "critic-free training has no critic to warm up",
         )
 
 
