@@ -303,10 +303,10 @@ def update(
         diagnostics[f"train/{name}"] = sum(norms) / len(norms)
     if clip is not None:
         diagnostics["train/value_clip"] = clip
-    if not p.critic_free:  # of the values the rollout used (this process's envs)
-        diagnostics["train/explained_variance"] = explained_variance(
-            rollout.values[rollout.valid], returns[rollout.valid]
-        )
+    if not p.critic_free:  # of the values the rollout used, over every process's envs
+        pairs = distributed.gather_objects([torch.stack([rollout.values, returns])[:, rollout.valid].cpu()])
+        values, targets = torch.cat(pairs, dim=1)
+        diagnostics["train/explained_variance"] = explained_variance(values, targets)
     return diagnostics
 
 

@@ -20,8 +20,8 @@ class PPOConfig:
     """PPO over action chunks (or the critic-free GRPO variant). Defaults follow RLinf's
     state-based ManiSkill settings (gamma 0.8, clip 0.2/0.2, grad clip 0.5, 8 epochs)
     per env step, except lambda: 1, not 0.9 (a critic fitted on a CPU's small batches
-    explains a third to a half of the returns' variance, and bootstrapping on it made
-    PPO unlearn its behaviour-cloned start; the README's flow section has the runs)."""
+    explained 0.2 to 0.7 of the returns' variance, and bootstrapping on it made PPO
+    unlearn its behaviour-cloned start; the README's flow section has the runs)."""
 
     gamma: float = 0.8
     """Discount per env step (a chunk of n steps discounts the next state's value by gamma^n)."""
