@@ -191,17 +191,24 @@ def test_value_head_gradients_never_reach_the_actor():
     assert any(p.grad is not None and p.grad.any() for p in policy.critic_parameters())
 
 
-def test_behaviour_cloning_fits_a_fixed_chunk():
-    torch.manual_seed(0)
-    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=5, width=64)
-    obs = torch.randn(64, 6)
-    target = torch.tensor([[0.5, -0.5], [0.25, 0.75]]).expand(64, 2, 2)
+def clone_fixed_chunk(policy: FlowPolicy, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """300 Adam steps of behaviour cloning onto one fixed chunk for every observation
+    (a deterministic expert); returns (obs [rows, 6], target [rows, 2, 2])."""
+    obs = torch.randn(rows, 6)
+    target = torch.tensor([[0.5, -0.5], [0.25, 0.75]]).expand(rows, 2, 2)
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     for _ in range(300):
-        loss = policy.bc_loss(obs, target, torch.ones(64, 2))
+        loss = policy.bc_loss(obs, target, torch.ones(rows, 2))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    return obs, target
+
+
+def test_behaviour_cloning_fits_a_fixed_chunk():
+    torch.manual_seed(0)
+    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=5, width=64)
+    obs, target = clone_fixed_chunk(policy, 64)
     got = policy.sample(obs[:8], deterministic=True).actions
     assert (got - target[:8]).abs().max().item() < 0.1
 
@@ -257,14 +264,7 @@ def test_noise_at_the_last_step_reaches_the_action_of_a_contracting_flow():
     deterministic expert does) erases early noise: the last step's noise survives."""
     torch.manual_seed(0)
     policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=64, method="flow_sde", noise_level=0.5)
-    obs = torch.randn(256, 6)
-    target = torch.tensor([[0.5, -0.5], [0.25, 0.75]]).expand(256, 2, 2)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = policy.bc_loss(obs, target, torch.ones(256, 2))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    obs, _ = clone_fixed_chunk(policy, 256)
     spread = {}
     for choice in ("uniform", "last"):
         policy.hybrid_step = choice
