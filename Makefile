@@ -32,7 +32,7 @@ demo: setup
 demo-audio: setup
 	$(BIN)/omni-rl quickstart --audio
 
-# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 20 minutes).
+# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 40 minutes).
 demo-sim: setup
 	$(BIN)/omni-rl quickstart --sim
 

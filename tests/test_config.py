@@ -183,9 +183,9 @@ def test_train_refuses_a_recipe_it_does_not_run(capsys):
 
 
 def test_a_partial_section_keeps_the_fields_default():
-    # quickstart_sim's ppo default has actor_lr 3e-5 (PPOConfig's own default is 3e-4)
+    # quickstart_sim's ppo default has actor_lr 5e-5 (PPOConfig's own default is 3e-4)
     cfg = load_config(None, ["ppo.epochs=2", "run.output_dir=x"], recipe="quickstart_sim")
-    assert cfg.ppo.epochs == 2 and cfg.ppo.actor_lr == 3e-5 and cfg.ppo.critic_warmup == 20
+    assert cfg.ppo.epochs == 2 and cfg.ppo.actor_lr == 5e-5 and cfg.ppo.critic_warmup == 20
     assert cfg.run.output_dir == "x" and cfg.run.threads == 2 and cfg.run.name == "quickstart_sim"
     # a Choice section keeps its default's type and values unless 'type' changes it
     cfg = load_config(None, ["optimizer.weight_decay=0.1"], recipe="demo")

@@ -243,6 +243,22 @@ def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
     assert rows[1]["train/critic_grad_norm"] > 0.0
 
 
+def test_the_learning_rates_decay_over_the_run(tmp_path):
+    """``ppo.lr_schedule`` moves the rates once per optimizer step (iterations x epochs
+    x minibatches of them): the logged actor rate falls to ``min_lr_ratio`` of its peak
+    at the last step."""
+    cfg = _config(
+        tmp_path,
+        ppo={"lr_schedule": "linear", "min_lr_ratio": 0.25, "minibatches": 2},
+        trainer={"iterations": 4},
+    )
+    flow_ppo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the rate after each iteration's 2 steps: 0.25 + 0.75 * (1 - steps / 7), to 0.25
+    expected = [3e-4 * (0.25 + 0.75 * max(1 - s / 7, 0.0)) for s in (2, 4, 6, 8)]
+    assert [r["optim/lr"] for r in rows[1:]] == pytest.approx(expected, rel=1e-6)
+
+
 def test_actor_and_critic_gradients_clip_apart(tmp_path):
     """Each part's gradient norm is clipped to its own limit: a critic gradient far
     above its clip leaves the actor's step as it would be alone."""

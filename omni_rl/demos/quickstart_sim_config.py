@@ -35,13 +35,21 @@ class QuickstartSimConfig:
     policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
     """The policy."""
     ppo: PPOConfig = field(
-        default_factory=lambda: PPOConfig(actor_lr=3e-5, ratio="element", minibatches=4, critic_warmup=20)
+        default_factory=lambda: PPOConfig(
+            actor_lr=5e-5,
+            lr_schedule="cosine",
+            min_lr_ratio=0.1,
+            ratio="element",
+            minibatches=4,
+            critic_warmup=20,
+        )
     )
     """The update: a ratio per action element, 4 mini-batches per epoch, a small actor
-    rate that keeps the cloned policy from drifting, and 20 iterations that fit the
-    critic before the actor moves."""
+    rate that keeps the cloned policy from drifting and decays (cosine, to a tenth) so
+    the late iterations refine rather than wander, and 20 iterations that fit the critic
+    before the actor moves."""
     trainer: FlowTrainerConfig = field(
-        default_factory=lambda: FlowTrainerConfig(iterations=150, eval_every=50, eval_episodes=200)
+        default_factory=lambda: FlowTrainerConfig(iterations=300, eval_every=75, eval_episodes=200)
     )
     """The loop (held-out success is measured on ``eval_episodes`` seeds)."""
     bc: BCConfig = field(default_factory=lambda: BCConfig(steps=500))

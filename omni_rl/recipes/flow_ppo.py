@@ -170,7 +170,13 @@ def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
         ]
 
     steps = cfg.trainer.iterations * p.epochs * p.minibatches
-    engine.use_optimizer(AdamWConfig(lr=p.actor_lr), steps, param_groups=actor_and_critic)
+    engine.use_optimizer(
+        AdamWConfig(lr=p.actor_lr),
+        steps,
+        schedule=p.lr_schedule,
+        min_lr_ratio=p.min_lr_ratio,
+        param_groups=actor_and_critic,
+    )
 
 
 def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from omni_rl.config import FieldError, require
-from omni_rl.engine.config import Precision, Strategy
+from omni_rl.engine.config import Precision, Schedule, Strategy
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.recipes import register_recipe
 from omni_rl.recipes.logging_config import LoggingConfig
@@ -53,6 +53,11 @@ class PPOConfig:
     """Learning rate of the encoder, velocity and noise networks."""
     critic_lr: float = 1e-3
     """Learning rate of the value head."""
+    lr_schedule: Schedule = "constant"
+    """Both rates over the run: constant, or linear or cosine decay to ``min_lr_ratio``
+    of their peak at the last iteration's last optimizer step."""
+    min_lr_ratio: float = 0.0
+    """Where a linear or cosine schedule ends, as a fraction of each peak rate."""
     actor_max_grad_norm: float = 0.5
     """Gradient-norm clip of the actor's parameters (0: off)."""
     critic_max_grad_norm: float = 0.5
@@ -74,6 +79,7 @@ class PPOConfig:
         require(self.reward_scale > 0, "reward_scale", "must be > 0")
         require(self.value_clip is None or self.value_clip > 0, "value_clip", "must be > 0 (or null: off)")
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
         require(
             self.actor_max_grad_norm >= 0 and self.critic_max_grad_norm >= 0,
             "actor_max_grad_norm",
