@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from omni_rl.config import config_from_dict, save_config
 from omni_rl.engine import checkpoint
+from omni_rl.errors import ConfigError
 from omni_rl.recipes import flow_ppo
 from omni_rl.sim.experts import demo_chunks
 from omni_rl.sim.point_mass import PointMassEnv, expert_action
@@ -257,6 +258,20 @@ def test_the_learning_rates_decay_over_the_run(tmp_path):
     # the rate after each iteration's 2 steps: 0.25 + 0.75 * (1 - steps / 7), to 0.25
     expected = [3e-4 * (0.25 + 0.75 * max(1 - s / 7, 0.0)) for s in (2, 4, 6, 8)]
     assert [r["optim/lr"] for r in rows[1:]] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_flow_sde_noise_level_anneals_over_the_run(tmp_path):
+    """``policy.noise_level_end``: a moves linearly to it by the last iteration, and the
+    update scores each rollout at the level that sampled it (one epoch of one
+    mini-batch: every ratio is 1). Flow-Noise, which learns its noise, refuses the field."""
+    policy = {"method": "flow_sde", "noise_level": 0.6, "noise_level_end": 0.3}
+    cfg = _config(tmp_path, policy=policy, ppo={"minibatches": 1}, trainer={"iterations": 4})
+    flow_ppo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy/noise_level"] for r in rows[1:]] == pytest.approx([0.6, 0.5, 0.4, 0.3])
+    assert [r["train/ratio_max"] for r in rows[1:]] == pytest.approx([1.0] * 4, abs=1e-4)
+    with pytest.raises(ConfigError, match="noise_level_end"):
+        _config(tmp_path, policy={"method": "flow_noise", "noise_level_end": 0.3})
 
 
 def test_actor_and_critic_gradients_clip_apart(tmp_path):

@@ -34,6 +34,9 @@ class FlowPolicyConfig:
     (its noise reaches the action; the flow erases earlier noise)."""
     noise_level: float = 0.5
     """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
+    noise_level_end: float | None = None
+    """Flow-SDE: a at the last PPO iteration, reached linearly from noise_level (explore
+    widely first, then sample near the deterministic path); None: a stays noise_level."""
     sde_mode: Literal["hybrid", "chain"] = "hybrid"
     """Flow-SDE: one stochastic step per query (hybrid) or all steps (chain)."""
     hybrid_step: Literal["last", "late", "uniform"] = "last"
@@ -49,6 +52,12 @@ class FlowPolicyConfig:
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         require(0 < self.sigma_min <= self.sigma_max, "sigma_min", "need 0 < sigma_min <= sigma_max")
         require(self.noise_level > 0, "noise_level", "must be > 0")
+        require(self.noise_level_end is None or self.noise_level_end > 0, "noise_level_end", "must be > 0")
+        require(
+            self.noise_level_end is None or self.method == "flow_sde",
+            "noise_level_end",
+            "is Flow-SDE's; Flow-Noise learns its noise (sigma_min, sigma_max)",
+        )
         require(
             self.method == "flow_noise" or self.noise_steps == "all",
             "noise_steps",

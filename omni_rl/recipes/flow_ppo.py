@@ -98,6 +98,15 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
     return policy
 
 
+def noise_level_at(iteration: int, cfg: FlowPPOConfig) -> float:
+    """Flow-SDE's a at PPO iteration ``iteration`` (from 0): ``policy.noise_level``, or
+    linear from it to ``policy.noise_level_end`` at the last iteration."""
+    p, last = cfg.policy, max(cfg.trainer.iterations - 1, 1)
+    if p.noise_level_end is None:
+        return p.noise_level
+    return p.noise_level + (p.noise_level_end - p.noise_level) * min(iteration / last, 1.0)
+
+
 def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
     """This process's envs; critic-free groups stay within one process."""
     count = per_rank(cfg.env.num_envs, run.ranks, "env.num_envs")
@@ -419,6 +428,7 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
     for iteration in bar:
         timer = Timer()
         # ROLLOUT: one episode's worth of chunks per env, this process's share of them
+        policy.noise_level = noise_level_at(iteration, cfg)  # the rollout's and the update's
         with timer("reset"):
             seeds = episode_seeds(cfg.run.seed, iteration, envs.total, group, t.eval_seed)
             obs = env.reset(seed=seeds[envs.rows])
@@ -447,6 +457,7 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
             **engine.metrics(),
             **timing,
             "policy/noise_std": math.exp(metrics.get("train/entropy", 0.0) - 0.5 * (math.log(2 * math.pi) + 1)),
+            **({"policy/noise_level": policy.noise_level} if cfg.policy.method == "flow_sde" else {}),
             "env_steps": summary["env_steps"],
             "train/actor_updated": float(train_actor),
         }
