@@ -46,7 +46,7 @@ from omni_rl.algorithms.ppo import (
 )
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.config import AdamWConfig
-from omni_rl.engine.engine import Engine
+from omni_rl.engine.engine import Engine, lr_factor
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
 from omni_rl.recipes.common import MetricsLog, Run, Timer, per_rank, start_run
@@ -100,11 +100,12 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
 
 def noise_level_at(iteration: int, cfg: FlowPPOConfig) -> float:
     """Flow-SDE's a at PPO iteration ``iteration`` (from 0): ``policy.noise_level``, or
-    linear from it to ``policy.noise_level_end`` at the last iteration."""
-    p, last = cfg.policy, max(cfg.trainer.iterations - 1, 1)
+    linear from it to ``policy.noise_level_end`` at the last iteration (the engine's
+    linear schedule, counted in iterations)."""
+    p = cfg.policy
     if p.noise_level_end is None:
         return p.noise_level
-    return p.noise_level + (p.noise_level_end - p.noise_level) * min(iteration / last, 1.0)
+    return p.noise_level * lr_factor(iteration, 0, cfg.trainer.iterations, "linear", p.noise_level_end / p.noise_level)
 
 
 def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
