@@ -71,3 +71,14 @@ def test_bench_vs_trl_small_run():
     lines = run_tool("bench_vs_trl.py", args, timeout=900)
     assert any(line.startswith("video shared vs naive forward+backward: naive/shared = ") for line in lines)
     assert lines[-1].startswith("ratio trl/omni = ")
+
+
+def test_bench_sim_small_run():
+    """Two ManiSkill CPU envs, one timed round: at the CPU config's mini-batch size (26
+    chunks) two envs take one mini-batch an epoch; the config's own count is timed too."""
+    lines = run_tool("bench_sim.py", ["--envs", "2", "--rounds", "1"])
+    assert lines[0].endswith("8 envs, 8 epochs of 4 mini-batches of about 26 chunks")
+    (row,) = [line for line in lines if line.startswith("N=2: random actions ")]
+    assert "(ppo.minibatches=1)" in row and "(ppo.minibatches=4)" in row
+    assert lines[-1].startswith("ratio (training loop / random stepping), the config's mini-batch size: N=2 ")
+    assert float(lines[-1].split("N=2 ")[1].split()[0]) > 0
