@@ -48,6 +48,11 @@ def minibatches_at_size(cfg: FlowPPOConfig, num_envs: int) -> int:
     return max(1, round(cfg.ppo.minibatches * num_envs / cfg.env.num_envs))
 
 
+def chunks_per_env(cfg: FlowPPOConfig) -> int:
+    """Chunks an env plays in one iteration (an episode's steps, in executed chunks)."""
+    return math.ceil(cfg.env.max_episode_steps / cfg.policy.executed)
+
+
 def random_round(env, vector_steps: int, seed: int) -> float:
     """Seconds of a seeded reset and ``vector_steps`` steps with uniform random actions."""
     low, high = env.action_low.cpu(), env.action_high.cpu()
@@ -69,7 +74,7 @@ class TrainingLoop:
         self.policy = flow_ppo.build_policy(cfg, env.obs_dim, env.action_dim, self.stream)
         self.engine = flow_ppo.make_engine(self.policy, cfg, self.run)
         flow_ppo.use_ppo_optimizer(self.engine, cfg)
-        self.chunks = math.ceil(cfg.env.max_episode_steps / self.policy.executed)
+        self.chunks = chunks_per_env(cfg)
 
     def iteration(self, iteration: int) -> tuple[int, float]:
         """(env steps, seconds) of training iteration ``iteration``."""
@@ -107,7 +112,7 @@ def main() -> None:
     set_threads(1)
     base = [f"env.task={args.task}", "env.backend=cpu", "bc.demos=null"]
     shipped = load_config(args.config, base)
-    size = shipped.env.num_envs * math.ceil(shipped.env.max_episode_steps / shipped.policy.executed)
+    size = shipped.env.num_envs * chunks_per_env(shipped)
     print(
         f"{args.config}: {shipped.env.num_envs} envs, {shipped.ppo.epochs} epochs of "
         f"{shipped.ppo.minibatches} mini-batches of about {size / shipped.ppo.minibatches:.0f} chunks"
