@@ -285,7 +285,10 @@ def _eval(args: argparse.Namespace) -> int:
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
     template = cfg.data.prompt_template if hasattr(cfg, "data") else DEFAULT_TEMPLATE
     columns = dict(cfg.data.columns) if hasattr(cfg, "data") else None
-    dataset = MediaDataset(args.data, Budgets.from_config(cfg.media), prompt_template=template, columns=columns)
+    strict = cfg.data.strict if hasattr(cfg, "data") else False
+    dataset = MediaDataset(
+        args.data, Budgets.from_config(cfg.media), strict=strict, prompt_template=template, columns=columns
+    )
     settings = cfg.rewards.settings() if hasattr(cfg, "rewards") else None
     summary = evaluate(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
     print(table(summary))

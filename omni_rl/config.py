@@ -44,6 +44,31 @@ def require(condition: bool, field_name: str, message: str) -> None:
         raise FieldError(field_name, message)
 
 
+def require_unset(values: dict[str, Any], mode: str) -> None:
+    """Validation helper for fields that do nothing in the mode a config is in: a
+    FieldError naming the first of ``values`` (field name -> value) that is set (not
+    None), and listing the others set. Such fields default to None (``ModeDefaults``)."""
+    given = [name for name, value in values.items() if value is not None]
+    if len(given) == 1:
+        raise FieldError(given[0], f"does nothing under {mode}; remove it")
+    if given:
+        raise FieldError(given[0], f"does nothing under {mode}, nor do {', '.join(given[1:])}; remove them")
+
+
+class ModeDefaults:
+    """A section whose fields count in some modes only: those default to None, which
+    means "the default" (``UNSET``), read through ``setting``; set in a mode where they
+    do nothing, ``require_unset`` refuses them (a dataclass default cannot tell a value
+    left alone from the same value written out)."""
+
+    UNSET: ClassVar[dict[str, Any]] = {}
+
+    def setting(self, name: str) -> Any:
+        """The field ``name`` as set, or its default when unset."""
+        value = getattr(self, name)
+        return self.UNSET[name] if value is None else value
+
+
 class Choice:
     """Base of a section chosen by its ``type:`` key from ``registry``."""
 

@@ -4,21 +4,18 @@ data source; greedy (one sample) or pass@k over k samples."""
 from __future__ import annotations
 
 import json
-import logging
 from collections import defaultdict
 
 import torch
 from tqdm import tqdm
 
-from omni_rl.data.dataset import MediaDataset, Sample, encode_sample
+from omni_rl.data.dataset import MediaDataset, Sample
 from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.preprocess.rows import RowFailure
 from omni_rl.rewards import RewardSettings, Target, score_batch
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
-
-log = logging.getLogger(__name__)
 
 
 def generate_answers(
@@ -32,9 +29,10 @@ def generate_answers(
     progress: bool = True,
 ) -> tuple[list[tuple[Sample, list[str]]], list[RowFailure]]:
     """``samples`` completions for each row of ``dataset`` (or of ``indices``, this
-    rank's share under torchrun), and a failure (file, row, reason) for every row that
-    could not be used: skipped by the config, or with unreadable media. The first
-    failure is logged; all are returned.
+    rank's share under torchrun), and a failure (file, row, reason) for every bad row:
+    media that do not decode, a prompt that does not encode, a row the config says to
+    skip (``MediaDataset.encoded`` reports each once and counts it; ``data.strict``
+    makes the first an error).
 
     Under torchrun every rank runs as many batches as the busiest one (sharded forwards
     run in step): a rank with nothing left answers a copy of an earlier batch and
@@ -47,17 +45,16 @@ def generate_answers(
     rounds = distributed.all_max(len(batches)) if synced else len(batches)
     answered, failures, filler = [], [], None
     for k in tqdm(range(rounds), desc="eval", unit="batch", disable=not progress):
-        rows = []
+        rows, encoded = [], []
         for i in batches[k] if k < len(batches) else []:
-            try:
-                rows.append(dataset[i])
-            except OmniRLError as err:
-                row = dataset.rows[i]
-                if not failures:
-                    log.warning("%s (more such rows are counted, not logged)", err)
-                failures.append(RowFailure(row.id, row.source, str(err)))
+            got = dataset.encoded(i, processor)
+            if got is None:
+                failures.append(dataset.bad[dataset.rows[i].id])
+                continue
+            rows.append(got[0])
+            encoded.append(got[1])
         if rows:
-            inputs = filler = collate_prompts([dict(encode_sample(processor, s)) for s in rows], pad)
+            inputs = filler = collate_prompts(encoded, pad)
         elif synced:
             inputs = filler if filler is not None else _any_prompt(dataset, processor)
         else:
@@ -71,11 +68,9 @@ def generate_answers(
 def _any_prompt(dataset: MediaDataset, processor) -> dict:
     """The inputs of the first usable row (a filler batch)."""
     for i in range(len(dataset)):
-        try:
-            sample = dataset[i]
-        except OmniRLError:
-            continue
-        return collate_prompts([dict(encode_sample(processor, sample))], processor.tokenizer.pad_token_id)
+        got = dataset.encoded(i, processor)
+        if got is not None:
+            return collate_prompts([got[1]], processor.tokenizer.pad_token_id)
     raise OmniRLError(f"{dataset.data}: no row of the eval set can be used")
 
 

@@ -7,7 +7,9 @@ oversubscribed pool makes timings swing tenfold, so tests and benchmarks pin it.
 
 from __future__ import annotations
 
+import logging
 import os
+import platform
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -18,7 +20,12 @@ import torch
 from omni_rl.config import require
 from omni_rl.errors import OmniRLError
 
+_log = logging.getLogger(__name__)
 THREADS_ENV = "OMNI_RL_THREADS"
+# The settings that make ATen's vectorised kernels, oneDNN and MKL take their AVX2 code
+# paths whatever the CPU offers. They are read when each library first computes, so they
+# take effect when set before the run's first tensor operation.
+AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}
 
 
 @dataclass
@@ -36,6 +43,12 @@ class RunConfig:
     numeric precision is the trainer's (``trainer.precision``)."""
     threads: int | None = None
     """torch CPU threads; unset reads OMNI_RL_THREADS, else torch's default."""
+    cpu_kernels: Literal["native", "avx2"] = "native"
+    """CPU kernel paths: 'native' uses the widest vector instructions the CPU has
+    (AVX-512 where present); 'avx2' pins torch's kernels (ATen, oneDNN, MKL) to their
+    AVX2 paths, so a seeded CPU run gives the same numbers on any x86-64 CPU with AVX2
+    (for the same thread count); the quickstarts' default, because the summation order
+    of the wider kernels differs and a seeded run then ends elsewhere on another CPU."""
     overwrite: bool = False
     """Start afresh in an output_dir that holds a run, deleting its checkpoints,
     metrics, evaluations and exported model (``omni-rl train --overwrite``); without
@@ -56,6 +69,48 @@ def set_threads(threads: int | None = None) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def pin_cpu_kernels(kernels: str) -> str:
+    """Apply ``RunConfig.cpu_kernels`` to this process and the processes it starts
+    (environment workers); returns the ATen kernel level in force ('AVX2', 'AVX512',
+    ...) for the run's summary. A pin that cannot take effect (not an x86-64 CPU, no
+    AVX2, or tensors already computed at another level in this process) is said once
+    in the log and leaves the environment as it was, so that the processes this one
+    starts compute as it does."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if kernels == "avx2" and not x86:
+        _warn_once(f"run.cpu_kernels=avx2 applies to x86-64 CPUs only; this {platform.machine()} runs its own")
+    before = {name: os.environ.get(name) for name in AVX2_KERNELS}
+    if kernels == "avx2" and x86:
+        os.environ.update(AVX2_KERNELS)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if kernels == "avx2" and x86 and capability != "AVX2":
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _warn_once(
+            f"run.cpu_kernels=avx2: torch's CPU kernels run at {capability} in this process (already in use "
+            "before the run started, or no AVX2): its numbers may differ from another CPU's"
+        )
+    return capability
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        _log.warning(message)
+
+
+def apply_run_settings(run: RunConfig) -> dict:
+    """Threads and CPU kernels of ``run`` set for this process; returns what is in force
+    (``{"threads": ..., "cpu_kernels": ...}``) for the run's summary."""
+    return {"threads": set_threads(run.threads), "cpu_kernels": pin_cpu_kernels(run.cpu_kernels)}
 
 
 def seed_everything(seed: int) -> None:

@@ -13,6 +13,7 @@ encoders get at least one frame to pool.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ from omni_rl.errors import OmniRLError
 
 SAMPLE_RATE = 16_000
 MIN_SECONDS = 0.05
+# sound past max_seconds that does not count as cut: AAC's priming and end padding
+# (two 1024-sample frames: 0.13 s at 16 kHz), a resampler's tail
+CUT_TOLERANCE_SECONDS = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +33,29 @@ class NoAudioStream(OmniRLError):
     """The file has no audio stream (a silent video)."""
 
 
+@dataclass(frozen=True)
+class Sound:
+    """A decoded audio stream.
+
+    Attributes:
+        wave: mono float32 [N] at the decoder's sample rate, at most ``max_seconds`` long.
+        cut: the stream goes on past ``max_seconds`` (by more than
+            ``CUT_TOLERANCE_SECONDS``): that part was not decoded and is not in ``wave``.
+    """
+
+    wave: np.ndarray
+    cut: bool
+
+
 def read_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """The waveform of ``decode_audio`` (see there)."""
+    return decode_audio(path, max_seconds, sample_rate).wave
+
+
+def decode_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = SAMPLE_RATE) -> Sound:
     """The first audio stream of ``path`` (an audio file or a video's own track) as a
-    mono float32 [N] waveform at ``sample_rate``, cut to ``max_seconds``.
+    mono float32 [N] waveform at ``sample_rate``, cut to ``max_seconds``, and whether
+    the stream was longer (decoding stops there: a 3-hour file costs what 30 s do).
 
     Raises:
         OmniRLError: naming the file, when it has no decodable audio.
@@ -42,14 +66,15 @@ def read_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = S
     if not path.is_file():
         raise OmniRLError(f"{path}: no such audio file")
     limit = int(max_seconds * sample_rate)
-    chunks, have = [], 0
+    chunks, have, past = [], 0, 0.0
     try:
         with av.open(str(path)) as container:
             if not container.streams.audio:
                 raise NoAudioStream(f"{path}: no audio stream")
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-            for frame in container.decode(stream):
+            frames = container.decode(stream)
+            for frame in frames:
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray().reshape(-1))
                     have += chunks[-1].size
@@ -58,6 +83,13 @@ def read_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = S
             else:
                 for out in resampler.resample(None):  # flush the resampler's delay line
                     chunks.append(out.to_ndarray().reshape(-1))
+                    have += chunks[-1].size
+            # how far the stream goes on past the limit, looked at only as far as it takes to tell
+            past = max(have - limit, 0) / sample_rate
+            for frame in frames:
+                if past > CUT_TOLERANCE_SECONDS:
+                    break
+                past += frame.samples / frame.sample_rate
     except OmniRLError:
         raise
     except Exception as err:  # noqa: BLE001 - FFmpeg reports bad files through many error types
@@ -65,7 +97,7 @@ def read_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = S
     if not chunks:
         raise OmniRLError(f"{path}: no audio samples decoded")
     wave = np.concatenate(chunks).astype(np.float32)[:limit]
-    return normalize(wave, path, sample_rate)
+    return Sound(normalize(wave, path, sample_rate), cut=past > CUT_TOLERANCE_SECONDS)
 
 
 def normalize(wave: np.ndarray, path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

@@ -12,7 +12,8 @@ file's bytes and every parameter that changes the output (patch size and budgets
 included), so a changed file or parameter is a miss, never old data. Each entry holds
 its tensors (uint8 frames or images, float32 PCM) and JSON metadata, including a digest
 of the tensor bytes that ``verify`` recomputes. Every write goes to a temporary file
-that is renamed into place, the manifest last, so a killed run leaves no half entry.
+that is renamed into place, the manifest last, so a killed run leaves no half entry; a
+full disk stops the writer with ``DiskFull`` and removes its temporary file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import OmniRLError, stop_on_disk_full
 
 FORMAT = "omni_rl.media_cache"
 FORMAT_VERSION = 1
@@ -72,13 +73,20 @@ def entry_key(kind: str, source_digest: str, params: dict) -> str:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
+    """Write ``data`` to a temporary file beside ``path`` (its folder created), then
+    rename it into place. A full disk raises ``DiskFull``; a failed write leaves no
+    temporary file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with stop_on_disk_full(path, len(data)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -184,8 +192,10 @@ class MediaCache:
     def locked(self) -> Iterator[None]:
         """Hold the cache's lock (``CACHE/.lock``) while reading and rewriting a shared
         file, so two preprocess runs never lose each other's updates."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as lock:
+        with stop_on_disk_full(self.root / ".lock"):
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = open(self.root / ".lock", "a")  # noqa: SIM115 - opened under the guard, held below
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -193,19 +203,23 @@ class MediaCache:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def write(self, key: str, tensors: dict[str, np.ndarray], meta: dict) -> int:
-        """Write one entry atomically; returns its size in bytes."""
+        """Write one entry atomically; returns its size in bytes. A full disk raises
+        ``DiskFull``; a failed write leaves no temporary file."""
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**meta, "key": key, "format_version": FORMAT_VERSION, "tensors_sha256": tensors_digest(tensors)}
+        metadata = {"omni_rl": json.dumps(meta, sort_keys=True)}
+        size = sum(a.nbytes for a in tensors.values()) + len(metadata["omni_rl"])  # safetensors adds a small header
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file(
-            {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in tensors.items()},
-            str(tmp),
-            metadata={"omni_rl": json.dumps(meta, sort_keys=True)},
-        )
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with stop_on_disk_full(path, size):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tensors = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in tensors.items()}
+                save_file(tensors, str(tmp), metadata=metadata)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path.stat().st_size
 
     def read(self, key: str) -> Entry:

@@ -184,7 +184,6 @@ class DatasetIndex:
                 "dataset": str(self.dataset),
                 "rows": {row_id: [asdict(m) for m in media] for row_id, media in sorted(self.rows.items())},
             }
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.path, json.dumps(blob, indent=1, ensure_ascii=False).encode())
 
 

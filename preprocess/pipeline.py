@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.audio import SAMPLE_RATE, NoAudioStream, read_audio
-from omni_rl.preprocess.cache import MediaCache, entry_key, file_digest, params_digest
+from omni_rl.errors import DiskFull, OmniRLError, disk_full
+from omni_rl.preprocess.audio import SAMPLE_RATE, NoAudioStream, decode_audio
+from omni_rl.preprocess.cache import MediaCache, atomic_write_bytes, entry_key, file_digest, params_digest
 from omni_rl.preprocess.image import ImageBudget, read_image
 from omni_rl.preprocess.index import DatasetIndex, IndexedMedium, IndexMiss, lookup
 from omni_rl.preprocess.rows import Row, RowFailure, read_rows, resolve_media_path
@@ -106,12 +106,14 @@ def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np
             "resized_size": list(image.pixels.shape[:2]),
         }
     try:
-        wave = read_audio(path, budgets.max_audio_seconds)
+        sound = decode_audio(path, budgets.max_audio_seconds)
     except NoAudioStream:
         if kind != "video_audio":
             raise
         return {"audio": np.zeros(0, np.float32)}, {"sample_rate": SAMPLE_RATE, "seconds": 0.0, "missing": True}
-    return {"audio": wave}, {"sample_rate": SAMPLE_RATE, "seconds": wave.size / SAMPLE_RATE}
+    seconds = sound.wave.size / SAMPLE_RATE
+    # cut: the sound goes on past max_audio_seconds (the reader reports it: data/audio_cut)
+    return {"audio": sound.wave}, {"sample_rate": SAMPLE_RATE, "seconds": seconds, "cut": sound.cut}
 
 
 def row_media(row: Row, data_root: Path, budgets: Budgets) -> list[tuple[str, Path]]:
@@ -165,7 +167,8 @@ class RowOutcome:
 def cache_row(
     row: Row, data_root: Path, cache: MediaCache, budgets: Budgets, indexed: list[IndexedMedium] | None = None
 ) -> RowOutcome:
-    """Cache every medium of a row (a row is cached whole or counted as failed).
+    """Cache every medium of a row (a row is cached whole or counted as failed). A full
+    disk is not the row's fault: it raises ``DiskFull``, which stops the run.
 
     ``indexed``: the row's records from an earlier run, which spare hashing unchanged files.
     """
@@ -179,9 +182,14 @@ def cache_row(
                 continue
             tensors, meta = decode_medium(kind, path, budgets)
             written += cache.write(key, tensors, {**meta, "kind": kind, "source": str(path)})
+    except DiskFull:
+        raise
     except OmniRLError as err:
         return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, str(err)))
-    except Exception as err:  # noqa: BLE001 - a bad file must never stop the run
+    except Exception as err:  # a bad file must never stop the run (a full disk does)
+        full = disk_full(err, getattr(err, "filename", None) or cache.root)  # a decoder's own scratch file
+        if full is not None:
+            raise full from err
         reason = f"{type(err).__name__}: {err}"
         return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, reason))
     return RowOutcome(row.id, "cached" if written else "already_cached", written, media=tuple(records))
@@ -245,6 +253,12 @@ def preprocess(
     Resumable: entries already present are skipped, and files unchanged since the last
     run (same size and mtime) are not hashed again, so a rerun does only what is
     missing. The manifest is written last.
+
+    Raises:
+        DiskFull: a write found the disk full. The run stops at once (rows not begun
+            are not decoded); the entries written before stay whole and a rerun keeps
+            them, while the index, ``failures.jsonl`` and the manifest keep their
+            previous contents.
     """
     from tqdm import tqdm
 
@@ -269,15 +283,16 @@ def preprocess(
                 bar.update()
         else:
             with ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(1,)) as pool:
-                for outcome in pool.map(_cache_row_job, jobs, chunksize=1):
-                    outcomes.append(outcome)
-                    bar.update()
+                try:
+                    for outcome in pool.map(_cache_row_job, jobs, chunksize=1):
+                        outcomes.append(outcome)
+                        bar.update()
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # rows not begun are not decoded
+                    raise
     failures += [o.failure for o in outcomes if o.failure is not None]
     index.update({o.row_id: list(o.media) for o in outcomes if o.failure is None})
-    cache.root.mkdir(parents=True, exist_ok=True)
-    tmp = cache.root / f".failures.jsonl.{os.getpid()}.tmp"
-    tmp.write_text("".join(f.to_json() + "\n" for f in failures), encoding="utf-8")
-    tmp.replace(cache.root / "failures.jsonl")
+    atomic_write_bytes(cache.root / "failures.jsonl", "".join(f.to_json() + "\n" for f in failures).encode())
     cache.record_params(budgets.all_params())
     counts = Counter(o.status for o in outcomes)
     return PreprocessReport(

@@ -83,6 +83,25 @@ class RowFailure:
         return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
 
 
+def read_failures(path: str | Path) -> list[RowFailure]:
+    """The failures a preprocess run recorded in ``path`` (a cache's
+    ``failures.jsonl``); none when there is no such file. A line that is not a
+    failure record is left out, and said once."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    failures, unreadable = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+            failures.append(RowFailure(record["id"], str(record["path"]), str(record["reason"])))
+        except (json.JSONDecodeError, TypeError, KeyError):
+            unreadable += line.strip() != ""
+    if unreadable:
+        log.warning("%s: %d lines are not failure records {id, path, reason}; left out", path, unreadable)
+    return failures
+
+
 def _missing(raw: dict, key: str, what: str) -> str:
     """Why ``key`` is unusable, naming a key of the row that probably meant it."""
     stand_ins = [k for k in raw if k not in SCHEMA_KEYS and meant_key(k) == key]

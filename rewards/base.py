@@ -5,7 +5,13 @@ A problem type registers a *judge*: ``judge(prediction, target) -> accuracy`` (o
 response and ``target`` carries ``answer``, ``options`` and the row's ``fields``. The
 registry wraps it into a ``Scorer``, a callable ``(response, target) -> RewardResult``
 that adds answer extraction, the format check and the weighted total, and never
-raises on model output: a judge that throws scores 0 with the error in ``details``.
+raises on model output: a judge that throws, or breaks its contract by returning an
+accuracy outside [0, 1] (nan included), scores accuracy 0 with the error in ``details``.
+
+Ranges: a judge's accuracy and the format score are in [0, 1], and the weights are
+finite, >= 0 and sum to at most 1 (``weights_problem``), so a built-in reward
+``w_acc * accuracy + w_fmt * format`` is in [0, 1] without being clipped. Plug-in
+scorers (``omni_rl.rewards.router``) may return any finite value.
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ class RewardResult:
     """One scored completion.
 
     Attributes:
-        score: the reward, ``w_acc * accuracy + w_fmt * format``, in [0, 1].
-        accuracy: how right the answer is, in [0, 1].
-        format: how well the response follows the template and fits the type, in [0, 1].
-        details: what was extracted and why (for logs and debugging).
+        score: the reward, ``w_acc * accuracy + w_fmt * format``, in [0, 1] for the
+            built-in scorers; any finite value for a plug-in.
+        accuracy: how right the answer is, in [0, 1] for the built-in scorers.
+        format: how well the response follows the template and fits the type, in [0, 1]
+            for the built-in scorers.
+        details: what was extracted and why (for logs and debugging); ``error`` when the
+            scorer failed, ``nonfinite`` when a plug-in returned nan or inf.
     """
 
     score: float
@@ -60,6 +69,9 @@ class RewardSettings:
         accuracy_weight, format_weight: default weights of the total.
         weights: per problem type (accuracy, format) weights overriding the default.
         math_timeout: hard limit in seconds on one math verification.
+
+    Raises:
+        ValueError: on weights that ``weights_problem`` refuses.
     """
 
     template: Literal["think_answer", "answer_only"] = "think_answer"
@@ -68,8 +80,47 @@ class RewardSettings:
     weights: dict[str, tuple[float, float]] = field(default_factory=dict)
     math_timeout: float = 2.0
 
+    def __post_init__(self):
+        pairs = {"default": (self.accuracy_weight, self.format_weight), **self.weights}
+        for name, (accuracy, format_) in pairs.items():
+            if (problem := weights_problem(accuracy, format_)) is not None:
+                raise ValueError(f"{name} weights: accuracy {accuracy:g} and format {format_:g} {problem}")
+
     def weights_for(self, problem_type: str) -> tuple[float, float]:
         return self.weights.get(problem_type, (self.accuracy_weight, self.format_weight))
+
+
+def weights_problem(accuracy: float, format_: float) -> str | None:
+    """Why an (accuracy, format) weight pair is refused, phrased to follow the two
+    weights ("... 1 and ... 0.5 sum to 1.5, ..."), or None when it is usable.
+
+    A built-in reward is ``w_acc * accuracy + w_fmt * format`` with accuracy and format
+    in [0, 1], and is never clipped. Refused:
+
+    - a negative or non-finite weight: it rewards wrong answers or broken templates, or
+      turns every reward into inf or nan;
+    - both weights 0: every completion scores 0 and nothing is learnt;
+    - a sum above 1: the reward would leave [0, 1], so problem types with different
+      weights would train on different scales in one batch (advantages that are not
+      divided by the group's spread, or are whitened over the batch, weigh them
+      unequally) and ``reward/mean`` would stop reading as a fraction; clipping the sum
+      back into [0, 1] instead erases the format term (with 1 and 0.5, a right answer
+      scores 1.0 with or without format).
+
+    A sum below 1 only scales the reward, and a zero format weight is an explicit
+    choice of no format signal (``{ocr: [1.0, 0.0]}``); both are accepted.
+    """
+    if not (math.isfinite(accuracy) and math.isfinite(format_) and accuracy >= 0 and format_ >= 0):
+        return "must be finite and >= 0"
+    total = accuracy + format_
+    if total == 0:
+        return "are both 0: every completion would score 0"
+    if total > 1 + 1e-9:  # 0.7 + 0.3 and the like are 1 up to rounding
+        return (
+            f"sum to {total:g}, above 1: rewards are not clipped and built-in ones stay in [0, 1] only when "
+            f"the weights sum to at most 1 (the same ratio: {accuracy / total:.3g} and {format_ / total:.3g})"
+        )
+    return None
 
 
 # ------------------------------------------------------------------------ extraction
@@ -159,18 +210,14 @@ def template_ok(response: str, template: str) -> bool:
 # -------------------------------------------------------------------------- registry
 
 
-def _clamp(value: float) -> float:
-    return 0.0 if not math.isfinite(value) else min(1.0, max(0.0, float(value)))
-
-
 @dataclass(frozen=True)
 class Scorer:
     """A problem type's scorer: ``scorer(response, target, settings) -> RewardResult``.
 
     Attributes:
         name: the problem type.
-        judge: ``(prediction, target) -> accuracy | (accuracy, details)``; prediction is
-            the extracted answer text (never empty).
+        judge: ``(prediction, target) -> accuracy | (accuracy, details)``, accuracy in
+            [0, 1]; prediction is the extracted answer text (never empty).
         fits: ``prediction -> bool``, whether the answer has the type's shape (a letter
             for multiple choice, a number for numerical...); part of the format score.
         validate: ``target -> None``, raises ValueError on a gold answer that could never
@@ -198,14 +245,16 @@ class Scorer:
                 judged = self.judge(prediction, target)
                 accuracy, extra = judged if isinstance(judged, tuple) else (judged, {})
                 details.update(extra)
+                accuracy = float(accuracy)
+                if not 0.0 <= accuracy <= 1.0:  # a judge bug: reported, never clipped into range
+                    raise ValueError(f"the {self.name} judge returned accuracy {accuracy}, outside [0, 1]")
                 fits = bool(self.fits(prediction))
             except Exception as err:  # noqa: BLE001 - model output must never crash a run
                 details["error"] = f"{type(err).__name__}: {err}"[:300]
                 accuracy = 0.0
         fmt = (0.5 if template_ok(response, settings.template) else 0.0) + (0.5 if fits else 0.0)
         w_acc, w_fmt = settings.weights_for(self.name)
-        accuracy = _clamp(accuracy)
-        return RewardResult(_clamp(w_acc * accuracy + w_fmt * fmt), accuracy, fmt, details)
+        return RewardResult(w_acc * accuracy + w_fmt * fmt, accuracy, fmt, details)
 
 
 SCORERS: Registry[Scorer] = Registry("problem type")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from omni_rl.config import require
+from omni_rl.rewards.base import weights_problem
 
 
 @dataclass
@@ -15,11 +17,11 @@ class RewardsConfig:
     template: Literal["think_answer", "answer_only"] = "think_answer"
     """Response template the format score checks."""
     accuracy_weight: float = 0.9
-    """Weight of accuracy in the total reward."""
+    """Weight of accuracy in the total reward (>= 0; with format_weight, sums to at most 1)."""
     format_weight: float = 0.1
-    """Weight of format in the total reward."""
+    """Weight of format in the total reward (>= 0; with accuracy_weight, sums to at most 1)."""
     weights: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per problem type (accuracy, format) weights, e.g. {ocr: [1.0, 0.0]}."""
+    """Per built-in problem type (accuracy, format) weights, e.g. {ocr: [1.0, 0.0]}."""
     math_timeout: float = 2.0
     """Hard limit in seconds on one math verification."""
     workers: int = 2
@@ -28,9 +30,14 @@ class RewardsConfig:
     """User scorers: {problem_type: 'package.module:function'}."""
 
     def __post_init__(self):
-        require(self.accuracy_weight >= 0 and self.format_weight >= 0, "accuracy_weight", "weights must be >= 0")
-        for name, pair in self.weights.items():
-            require(all(w >= 0 for w in pair), "weights", f"weights of '{name}' must be >= 0")
+        # the rule and its reasons: omni_rl.rewards.base.weights_problem
+        accuracy, format_ = self.accuracy_weight, self.format_weight
+        problem = weights_problem(accuracy, format_)
+        blamed = "format_weight" if math.isfinite(accuracy) and accuracy >= 0 else "accuracy_weight"
+        require(problem is None, blamed, f"accuracy_weight {accuracy:g} and format_weight {format_:g} {problem}")
+        for name, (accuracy, format_) in self.weights.items():
+            problem = weights_problem(accuracy, format_)
+            require(problem is None, f"weights.{name}", f"accuracy {accuracy:g} and format {format_:g} {problem}")
         require(self.math_timeout > 0, "math_timeout", "must be > 0")
         require(self.workers >= 1, "workers", "must be >= 1")
 

@@ -12,7 +12,8 @@ def aggregate(
     results: Sequence[RewardResult], problem_types: Sequence[str], data_sources: Sequence[str | None] | None = None
 ) -> dict[str, float]:
     """Means keyed ``reward/mean``, ``accuracy/<problem_type>``, ``format/source/<data_source>``...
-    plus ``count/<problem_type>``."""
+    plus ``count/<problem_type>`` and ``reward/nonfinite``, the number of results whose
+    plug-in returned nan or inf (scored 0 instead: ``omni_rl.rewards.router``)."""
     if not results:
         return {}
     sources = data_sources if data_sources is not None else [None] * len(results)
@@ -30,4 +31,5 @@ def aggregate(
         metrics[f"format/{group}"] = sum(r.format for r in members) / n
         if group != "mean" and not group.startswith("source/"):
             metrics[f"count/{group}"] = float(n)
+    metrics["reward/nonfinite"] = float(sum("nonfinite" in r.details for r in results))
     return metrics

@@ -5,18 +5,32 @@ User scorers plug in without forking omni_rl: from a config mapping
 ``omni_rl.rewards`` (name = problem type, value = ``module:function``). A plug-in is a
 function ``(response, target) -> RewardResult | float``; like the built-in scorers it
 is never allowed to crash a run.
+
+A plug-in's values are used as they are: any finite number, a penalty below 0 or a
+bonus above 1 included (nothing is clipped; the ``rewards`` weights do not apply to
+it). A float ``x`` is the result ``RewardResult(x, x, 0.0)``. A plug-in that raises or
+returns something that is not a number scores 0 with the error in ``details``.
+
+A nan or inf (in the score, accuracy or format) becomes 0 and the result carries
+``details["nonfinite"]``, counted per step as ``reward/nonfinite``. The rule is 0,
+rather than say the group's lowest reward, because a scorer sees one completion: the
+same response then scores the same in training, evaluation and ``omni-rl rewards
+score``, and 0 is the lowest score a built-in scorer gives.
+Under a plug-in that also returns negative values such a completion outranks the
+penalised ones: a ``reward/nonfinite`` above 0 is a plug-in bug to fix.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from omni_rl.errors import OmniRLError
-from omni_rl.rewards.base import MAX_RESPONSE_CHARS, SCORERS, RewardResult, RewardSettings, Target, _clamp
+from omni_rl.rewards.base import MAX_RESPONSE_CHARS, SCORERS, RewardResult, RewardSettings, Target
 from omni_rl.rewards.mathematics import set_timeout, using_slot
 
 ENTRY_POINT_GROUP = "omni_rl.rewards"
@@ -91,12 +105,25 @@ class PluginScorer:
         except Exception as err:  # noqa: BLE001 - a plug-in must not crash the run either
             return RewardResult(0.0, 0.0, 0.0, {"error": f"{type(err).__name__}: {err}"[:300]})
         if isinstance(result, RewardResult):
-            return RewardResult(_clamp(result.score), _clamp(result.accuracy), _clamp(result.format), result.details)
+            values, details = (result.score, result.accuracy, result.format), result.details
+        else:
+            values, details = (result, result, 0.0), {}
         try:
-            value = _clamp(float(result))
-        except (TypeError, ValueError):
+            values = tuple(float(v) for v in values)
+        except (TypeError, ValueError, OverflowError):
             return RewardResult(0.0, 0.0, 0.0, {"error": f"plug-in returned {type(result).__name__}"})
-        return RewardResult(value, value, 0.0, {})
+        return _finite_result(*values, details)
+
+
+def _finite_result(score: float, accuracy: float, format_: float, details: dict) -> RewardResult:
+    """The result with each nan or inf value replaced by 0 and named in
+    ``details["nonfinite"]`` (the rule and why: the module docstring)."""
+    values = {"score": score, "accuracy": accuracy, "format": format_}
+    nonfinite = {name: repr(v) for name, v in values.items() if not math.isfinite(v)}
+    if not nonfinite:
+        return RewardResult(score, accuracy, format_, details)
+    settled = [0.0 if name in nonfinite else v for name, v in values.items()]
+    return RewardResult(*settled, {**details, "nonfinite": nonfinite})
 
 
 def _import(spec: str, problem_type: str):

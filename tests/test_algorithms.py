@@ -52,6 +52,27 @@ def test_reinforce_pp_advantages():
     assert adv.tolist() == approx([0.547723, -0.547723, 1.095445, -1.095445])
 
 
+def test_reinforce_pp_whitens_over_the_whole_batch_when_given_in_parts():
+    """Two parts of the batch above, each told the other's sums (as ranks are by a
+    collective): each part gets the whole batch's advantages, not its own whitening
+    (one group alone would give +-0.707107 in both parts)."""
+    rewards = torch.tensor([1.0, 0, 3, 1])
+    parts = rewards[:2], rewards[2:]
+
+    def plus_sums_of(other):
+        centered = dr_grpo_advantages(other, group_size=2).double()
+        theirs = [float(centered.numel()), float(centered.sum()), float(centered.pow(2).sum())]
+        return lambda ours: [a + b for a, b in zip(ours, theirs, strict=True)]
+
+    first = reinforce_pp_advantages(parts[0], group_size=2, batch_sum=plus_sums_of(parts[1]))
+    second = compute_advantages("reinforce_pp", parts[1], 2, batch_sum=plus_sums_of(parts[0]))
+    assert [*first.tolist(), *second.tolist()] == approx([0.547723, -0.547723, 1.095445, -1.095445])
+    # a part with no groups still sums (a collective stays in step) and gets none
+    calls = []
+    empty = reinforce_pp_advantages(torch.tensor([]), group_size=2, batch_sum=lambda v: calls.append(v) or v)
+    assert empty.tolist() == [] and calls == [[0.0, 0.0, 0.0]]
+
+
 def test_advantage_registry():
     assert sorted(ADVANTAGES) == ["dr_grpo", "grpo", "reinforce_pp", "rloo"]
     assert compute_advantages("rloo", torch.tensor([1.0, 0]), 2).tolist() == [1.0, -1.0]
@@ -139,6 +160,16 @@ def test_gspo_sequence_ratio():
         logs(1.5, 0.5, 9.0), torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]), 0.2, 0.2
     )
     assert padded.item() == approx(-0.866025)
+    # a sequence with no token left (masked out) counts nowhere, nor in the default count
+    loss, stats = gspo_policy_loss(
+        logs(1.5, 0.5).repeat(2, 1),
+        torch.zeros(2, 2),
+        torch.tensor([1.0, 5.0]),
+        torch.tensor([[1, 1], [0, 0]]),
+        0.2,
+        0.2,
+    )
+    assert loss.item() == approx(-0.866025) and stats.ratio_mean == approx(0.866025)
 
 
 def test_kl_estimators():

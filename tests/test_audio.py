@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_rl.data.dataset import MediaDataset, SkippedRow, encode_sample
+from omni_rl.data.dataset import BadRow, MediaDataset, encode_sample
 from omni_rl.models import load
 from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.audio import MIN_SECONDS, read_audio
@@ -134,7 +134,7 @@ def _media():
 def test_a_video_without_the_sound_its_row_asks_for_is_skipped_and_named(tmp_path):
     data = silent_video_rows(tmp_path)
     dataset = MediaDataset(data, budgets("skip"))
-    with pytest.raises(SkippedRow, match=r"data\.jsonl:1: row 'silent': .*silent\.mp4: .*has no audio track"):
+    with pytest.raises(BadRow, match=r"data\.jsonl:1: row 'silent': .*silent\.mp4: .*has no audio track"):
         dataset[0]
     assert len(dataset[1].video_audios) == 1
 
@@ -254,5 +254,48 @@ def test_grpo_on_an_omni_thinker_mixes_audio_image_and_heard_video_rows(tmp_path
         for row in extra:
             f.write(json.dumps({**row, "problem_type": "counting", "answer": 1}) + "\n")
     steps = grpo_on(tmp_path, data, "qwen2_5_omni_thinker", data={"prompts_per_step": 6})
-    assert sum(s["skipped/bad_rows"] for s in steps) >= 1  # 8 rows, 12 draws or more: each is drawn
-    assert all(s["data/videos_without_sound"] == 0 for s in steps)
+    assert steps[-1]["skipped/bad_rows"] == 1  # 8 rows, 12 draws or more: 'mute' is drawn, and counted once
+    assert all(s["data/videos_without_sound"] == 0 and s["data/audio_cut"] == 0 for s in steps)
+
+
+def test_sound_past_max_audio_seconds_is_cut_reported_once_and_counted(tmp_path, caplog):
+    """A heard video or a clip longer than media.max_audio_seconds (2 s here) loses its
+    sound past that point: the first is logged (file, row), each is counted in
+    data/audio_cut, from the raw files and from the cache alike. AAC's padding past an
+    exactly 2-second track is not a cut."""
+    for name, seconds in (("long", 3.0), ("exact", 2.0)):
+        write_video(tmp_path / f"{name}.mp4", moving_square("up", seconds, 10, 64, 64), 10, audio=tone(seconds))
+        write_wav(tmp_path / f"{name}.wav", tone(seconds + 0.5 if name == "long" else seconds))
+    rows = [
+        {"id": "long", "videos": ["long.mp4"], "use_audio_in_video": True},
+        {"id": "long-again", "videos": ["long.mp4"], "use_audio_in_video": True},
+        {"id": "exact", "videos": ["exact.mp4"], "use_audio_in_video": True},
+        {"id": "clip", "audios": ["long.wav"]},
+        {"id": "exact-clip", "audios": ["exact.wav"]},
+    ]
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": "Sound?", "problem_type": "counting", "answer": 1, **r}) + "\n" for r in rows)
+    )
+    with caplog.at_level(logging.WARNING):
+        dataset = MediaDataset(data, budgets("skip"))
+        samples = [dataset[i] for i in range(len(dataset))]
+    assert [s.video_audios[0].size for s in samples[:3]] == [32_000, 32_000, 32_000]
+    assert dataset.cache_metrics()["data/audio_cut"] == 3  # long, long-again, clip
+    cuts = [r.getMessage() for r in caplog.records if "max_audio_seconds" in r.getMessage()]
+    assert cuts == [
+        f"{data}:1: row 'long': {(tmp_path / 'long.mp4').resolve()}: the sound is cut at media.max_audio_seconds "
+        "(2 s) and the video's later frames are seen without it (raise media.max_audio_seconds to keep it; "
+        "counted in data/audio_cut)"
+    ]
+    from omni_rl.preprocess.pipeline import preprocess
+
+    preprocess(data, tmp_path / "cache", budgets("skip"), workers=1, progress=False)
+    cached = MediaDataset(data, budgets("skip"), tmp_path / "cache")
+    for i in range(len(cached)):
+        cached[i]
+    metrics = cached.cache_metrics()
+    assert metrics["data/audio_cut"] == 3 and metrics["data/cache_hits"] == 2 * 3 + 2
+    from omni_rl.preprocess.audio import decode_audio
+
+    assert decode_audio(tmp_path / "long.wav", 2.0).cut and not decode_audio(tmp_path / "exact.wav", 2.0).cut

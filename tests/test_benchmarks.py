@@ -60,10 +60,46 @@ def test_mvbench_accuracy_per_task_and_both_denominators(tmp_path):
     prompt = by_id["action_sequence-0"]["input"]
     assert prompt.startswith("Question:What happened after the person took the food?\nOption:\n(A) Ate")
 
-    # lmms-eval's denominator: answered rows only (antonym 1 of 1)
+    # Video-MME's own script's denominator, no lmms-eval task's: answered rows only (antonym 1 of 1)
     answered, _ = scored(tmp_path / "b", "mvbench", responses, "--set", "protocol.metric=accuracy_answered")
     assert metrics(answered, "mvbench")["accuracy"] == pytest.approx(75.0)
     assert answered["configs"]["mvbench"]["overrides"] == {"metric": "accuracy_answered"}
+
+
+def test_mvbench_divides_by_non_empty_responses_as_lmms_eval_does(tmp_path):
+    """lmms-eval's MVBench drops empty responses only: an empty one leaves the
+    denominator, an unparsable one stays in it."""
+    responses = bench_fixtures.mvbench(tmp_path / "unused") | {"action_sequence-1": " "}
+    by_metric = {}
+    for metric in ("accuracy_responded", "accuracy", "accuracy_answered"):
+        results, _ = scored(tmp_path / metric, "mvbench", responses, "--set", f"protocol.metric={metric}")
+        by_metric[metric] = metrics(results, "mvbench")
+        follows = results["configs"]["mvbench"]["follows"]
+        assert follows["same_denominator"] == (metric == "accuracy_responded")
+    # sequence: 1 right of 1 non-empty (2 in all); antonym: 1 of 2 ("I cannot tell." counts), 1 of 1 answered
+    assert by_metric["accuracy_responded"]["accuracy/action_sequence"] == pytest.approx(100.0)
+    assert by_metric["accuracy_responded"]["accuracy/action_antonym"] == pytest.approx(50.0)
+    assert by_metric["accuracy"]["accuracy/action_sequence"] == pytest.approx(50.0)
+    assert by_metric["accuracy_answered"]["accuracy"] == pytest.approx(100.0)
+    assert BENCHMARKS.get("mvbench").protocol.metric == "accuracy_responded"
+
+
+@pytest.mark.parametrize("name", BENCHMARK_NAMES)
+def test_results_name_the_lmms_eval_release_each_preset_follows(tmp_path, name):
+    """Each preset's docs and results name lmms-eval 0.7.2, its parser and its
+    denominator; the default metric divides as that release does."""
+    import sys
+
+    from omni_rl.benchmarks.base import LMMS_EVAL
+
+    assert LMMS_EVAL == "0.7.2"
+    assert "lmms-eval 0.7.2" in sys.modules[BENCHMARKS.get(name).read.__module__].__doc__
+    builder = bench_fixtures.charades_sta if name == "charades_sta" else bench_fixtures.BUILDERS[name]
+    results, _ = scored(tmp_path, name, builder(tmp_path / "unused"))
+    follows = results["configs"][name]["follows"]
+    assert follows["variant"] == "lmms-eval" and follows["follows"].startswith("lmms-eval 0.7.2, lmms_eval/tasks/")
+    assert follows["parser"] and follows["denominator"] and follows["same_denominator"]
+    assert results["configs"][name]["protocol"]["metric"] == follows["metric"]
 
 
 def test_videomme_accuracy_and_breakdowns(tmp_path):
@@ -140,6 +176,41 @@ def test_mmau_letter_or_text_and_the_text_only_parser(tmp_path):
     assert "lost.wav" in results["skipped"]["rows"][0]["reason"]
     text_only, _ = scored(tmp_path / "b", "mmau_test_mini", responses, "--set", "protocol.answer_parser=choice_text")
     assert metrics(text_only, "mmau_test_mini")["accuracy"] == pytest.approx(100 / 3)
+
+
+def test_mmau_official_protocol_scores_as_mmaus_evaluation_script(tmp_path):
+    """``protocol.variant=official``: MMAU's evaluation.py rule (every word of the right
+    choice, none of the words only the others have), a prompt asking for the text, and
+    the gold stored as the choice's text."""
+    ids = ["3fe64f3d", "7a1b2c3d", "9e8d7c6b"]
+    responses = {ids[0]: "The speaker is a man.", ids[1]: "B", ids[2]: "Sad or angry"}
+    results, samples = scored(tmp_path, "mmau_test_mini", responses, "--set", "protocol.variant=official")
+    got = metrics(results, "mmau_test_mini")
+    # "a man" holds Man's word and no other choice's; a letter holds no choice's words; "angry" is another's
+    assert got["accuracy"] == pytest.approx(100 / 3)
+    assert [s["accuracy"] for s in samples] == [1.0, 0.0, 0.0]
+    assert [s["target"] for s in samples] == ["Man", "Guitar", "Sad"]
+    assert samples[1]["input"].endswith(
+        "Which instrument?\nChoices:\n- Piano\n- Guitar\nAnswer with the text of the correct choice."
+    )
+    config = results["configs"]["mmau_test_mini"]
+    assert config["protocol"]["answer_parser"] == "choice_words" and config["protocol"]["variant"] == "official"
+    assert config["follows"]["follows"].startswith("MMAU's evaluation.py") and config["follows"]["same_denominator"]
+    # the lmms-eval protocol reads letters (and whole choice texts): a sentence holding "man" names no choice,
+    # reasoning opening with the article and stating B does
+    stated = responses | {ids[1]: "A person strums, so the best option is B."}
+    _, letters = scored(tmp_path / "b", "mmau_test_mini", stated)
+    assert [s["accuracy"] for s in letters] == [0.0, 1.0, 0.0]
+    assert [s["filtered_resps"] for s in letters] == [[None], ["B"], [None]]  # no random guess
+
+
+def test_an_unknown_protocol_variant_lists_the_known_ones(tmp_path, capsys):
+    data = tmp_path / "data"
+    bench_fixtures.mmau(data)
+    predictions = bench_fixtures.write_predictions(tmp_path / "p.jsonl", {"3fe64f3d": "Man"})
+    base = ["eval", "--benchmark", "mmau_test_mini", "--data", str(data), "--predictions", str(predictions)]
+    assert main([*base, "--out", str(tmp_path / "out"), "--set", "protocol.variant=mmau"]) == 2
+    assert "mmau_test_mini has the protocols lmms-eval, official, not 'mmau'" in capsys.readouterr().err
 
 
 def test_several_responses_per_id_score_pass_at_k(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -271,3 +272,95 @@ def test_a_row_can_ask_for_its_videos_audio_track(tmp_path):
     )
     ds = MediaDataset(path, small_budgets("qwen2_5_omni_thinker"))
     assert ds[0].video_audios == [] and len(ds[1].video_audios) == 1
+
+
+def bad_rows_file(tmp_path):
+    """Rows: a good video (line 1); one whose mp4 is cut off half way (line 2); one that
+    asks for its video's sound, which Qwen2.5-VL's processor cannot take (line 3)."""
+    write_video(tmp_path / "m" / "a.mp4", moving_square("right", 1.0, 10, 64, 64), 10, audio=tone(1.0))
+    whole = (tmp_path / "m" / "a.mp4").read_bytes()
+    (tmp_path / "m" / "cut.mp4").write_bytes(whole[: len(whole) // 2])
+    rows = [
+        {"id": "good", "videos": ["m/a.mp4"]},
+        {"id": "undecodable", "videos": ["m/cut.mp4"]},
+        {"id": "heard", "videos": ["m/a.mp4"], "use_audio_in_video": True},
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text(
+        "".join(json.dumps({"problem": "p", "problem_type": "counting", "answer": 1, **r}) + "\n" for r in rows)
+    )
+    return path
+
+
+def test_a_bad_row_is_reported_once_counted_and_skipped_and_a_bug_is_not(
+    tmp_path, tiny_checkpoint, caplog, monkeypatch
+):
+    path = bad_rows_file(tmp_path)
+    budgets = small_budgets("qwen2_5_vl")
+    _, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    dataset = MediaDataset(path, budgets)
+    assert len(dataset) == 3  # every file is there: nothing is refused at load
+    with caplog.at_level("WARNING", logger="omni_rl.data.dataset"):
+        sample, inputs = dataset.encoded(0, processor)
+        assert sample.id == "good" and inputs["input_ids"].shape[0] == 1
+        assert dataset.encoded(1, processor) is None and dataset.encoded(2, processor) is None
+        assert dataset.encoded(1, processor) is None  # drawn again: skipped without a second report
+    reported = [r.getMessage() for r in caplog.records if r.name == "omni_rl.data.dataset"]
+    cut = (tmp_path / "m" / "cut.mp4").resolve()
+    assert len(reported) == 2
+    assert reported[0].startswith(f"{path}:2: row 'undecodable': {cut}: cannot decode video (")
+    assert reported[1].startswith(f"{path}:3: row 'heard': ") and "use_audio_in_video needs Omni" in reported[1]
+    assert all(m.endswith(" (row skipped; counted in skipped/bad_rows)") for m in reported)
+    assert dataset.cache_metrics()["skipped/bad_rows"] == 2
+    assert [(f.id, f.path) for f in dataset.bad.values()] == [("undecodable", f"{path}:2"), ("heard", f"{path}:3")]
+    # data.strict: the first bad row is an error naming it
+    strict = MediaDataset(path, budgets, strict=True)
+    with pytest.raises(
+        OmniRLError, match=rf"^{re.escape(str(path))}:2: row 'undecodable': .*cannot decode video.*data\.strict"
+    ):
+        strict.encoded(1, processor)
+    # a processor refusing its inputs (ValueError) is a bad row; any other error is a bug and is raised
+    import omni_rl.data.dataset as module
+
+    def refuses(*args, **kwargs):
+        raise ValueError("image features and image tokens do not match")
+
+    monkeypatch.setattr(module, "encode_prompts", refuses)
+    assert dataset.encoded(0, processor) is None
+    assert dataset.bad["good"].reason.endswith("cannot encode it: image features and image tokens do not match")
+
+    def bug(*args, **kwargs):
+        raise TypeError("unexpected keyword argument")
+
+    monkeypatch.setattr(module, "encode_prompts", bug)
+    fresh = MediaDataset(path, budgets)
+    with pytest.raises(TypeError):
+        fresh.encoded(0, processor)
+    assert fresh.cache_metrics()["skipped/bad_rows"] == 0
+
+
+def test_rows_listed_in_the_caches_failures_are_refused_at_load(tmp_path):
+    path = bad_rows_file(tmp_path)
+    with open(path, "a") as f:  # line 4: a second 'good', refused as a duplicate id (not its first row)
+        f.write(json.dumps({"id": "good", "problem": "p", "problem_type": "counting", "answer": 1}) + "\n")
+    budgets = small_budgets("qwen2_5_vl")
+    cache = tmp_path / "cache"
+    preprocess(path, cache, budgets, workers=1, progress=False)
+    listed = [json.loads(line) for line in (cache / "failures.jsonl").read_text().splitlines()]
+    assert {(f["id"], f["path"]) for f in listed} == {("good", f"{path}:4"), ("undecodable", f"{path}:2")}
+    dataset = MediaDataset(path, budgets, cache)
+    assert [r.id for r in dataset.rows] == ["good", "heard"]
+    refused = {f.path: f.reason for f in dataset.failures}
+    assert refused[f"{path}:4"].startswith("duplicate id")
+    why = refused[f"{path}:2"]
+    assert "cannot decode video" in why and f"preprocess could not cache it, {cache / 'failures.jsonl'}" in why
+    assert dataset.load_report() == {"data/rows_read": 4, "data/rows_used": 2, "data/rows_refused": 2}
+    with pytest.raises(OmniRLError, match=r"data\.strict: 2 rows refused"):
+        MediaDataset(path, budgets, cache, strict=True)
+    # another dataset sharing the cache, with a row of the same id on the same line, is not refused
+    other = tmp_path / "other" / "data.jsonl"
+    shutil.copytree(tmp_path / "m", other.parent / "m")
+    other.write_text(path.read_text())
+    assert "undecodable" in [r.id for r in MediaDataset(other, budgets, cache).rows]
+    # no_cache reads no cache, nor its failures: the row fails when read, and is skipped then
+    assert "undecodable" in [r.id for r in MediaDataset(path, budgets, cache, "no_cache").rows]

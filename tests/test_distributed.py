@@ -23,6 +23,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from omni_rl.config import load_config
 from omni_rl.preprocess.scenes import write_video_qa
 
 pytestmark = pytest.mark.slow
@@ -198,6 +199,51 @@ def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path
     launch(resumed, 2, "--resume", "auto")
     assert metrics(tmp_path / "b" / "run") == metrics(tmp_path / "a" / "run")
     assert_same_weights(weights(tmp_path / "a" / "run", steps), weights(tmp_path / "b" / "run", steps), atol=0)
+
+
+ADVANTAGES_ON_RANKS = """
+import json, sys
+import torch
+from omni_rl.config import load_config
+from omni_rl.engine import distributed
+from omni_rl.recipes import grpo
+
+ranks = distributed.init("cpu")
+groups = torch.tensor(json.loads(sys.argv[1]))
+cfg = load_config(None, ["data.train=x", f"rollout.n={groups.shape[1]}", "algorithm.advantage=reinforce_pp"], "grpo")
+half = len(groups) // ranks.world_size
+own = groups[ranks.rank * half : (ranks.rank + 1) * half].flatten()  # each rank owns whole groups
+split = distributed.gather_objects(grpo._advantages(own, False, cfg).tolist())
+# rank 1 keeps no group of its own (dynamic sampling) and trains on a filler with zero weight
+filler = distributed.gather_objects(grpo._advantages(own, ranks.rank == 1, cfg).tolist())
+if ranks.is_main:
+    print(json.dumps({"split": split, "filler": filler}))
+distributed.shutdown()
+"""
+
+
+def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
+    """REINFORCE++ whitens over the global batch: 2 ranks holding 2 groups each give
+    one process's advantages of the 4 groups within 1e-5; a filler group on a rank
+    counts in no statistic (rank 0's groups then whiten as one process's 2 would)."""
+    from omni_rl.recipes import grpo
+
+    torch.manual_seed(0)
+    groups = torch.rand(4, 3)
+    script = tmp_path / "advantages.py"
+    script.write_text(ADVANTAGES_ON_RANKS)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run(
+        [*command, str(script), json.dumps(groups.tolist())], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    cfg = load_config(None, ["data.train=x", "rollout.n=3", "algorithm.advantage=reinforce_pp"], recipe="grpo")
+    one = grpo._advantages(groups.flatten(), False, cfg)
+    torch.testing.assert_close(torch.tensor(result["split"]), one, atol=1e-5, rtol=0)
+    first, second = (grpo._advantages(half.flatten(), False, cfg) for half in (groups[:2], groups[2:]))
+    assert float((torch.cat([first, second]) - one).abs().max()) > 1e-2  # what whitening per rank gives
+    torch.testing.assert_close(torch.tensor(result["filler"]), torch.cat([first, torch.zeros(6)]), atol=1e-5, rtol=0)
 
 
 def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):

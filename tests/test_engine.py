@@ -143,3 +143,37 @@ def test_fsdp_units_are_decoder_layers_and_encoder_blocks(tiny_checkpoint):
     assert names == {"Qwen2_5_VLDecoderLayer", "Qwen2_5_VLVisionBlock"}
     layers = model.config.text_config.num_hidden_layers + model.config.vision_config.depth
     assert len(shard_units(model)) == layers
+
+
+def test_the_schedule_moves_on_over_a_skipped_step():
+    """A skipped non-finite step still takes its place in the schedule (as verl's
+    trainer does): linear over 4 steps, 1, 2/3, 1/3, 0 of the peak, step 1 skipped,
+    steps 2 and 3 run at 1/3 and 0 (holding the schedule would give 2/3 and 1/3), and
+    the metrics count the schedule's steps and the skip."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    engine = Engine(model, SGDConfig(lr=0.3, momentum=0.0), torch.device("cpu"), total_steps=4, schedule="linear")
+    x = torch.randn(5, 3)
+    lrs, skipped = [], []
+    for step in range(4):
+        loss = model(x).square().mean()
+        engine.backward(loss * float("nan") if step == 1 else loss)
+        result = engine.step()
+        lrs.append(result.lr)
+        skipped.append(result.skipped)
+    assert skipped == [False, True, False, False]
+    assert lrs == approx([0.3, 0.2, 0.1, 0.0])
+    metrics = engine.metrics()
+    assert metrics["optim/schedule_step"] == 4 and metrics["optim/skipped_nonfinite"] == 1
+    assert metrics["optim/lr"] == approx(0.0)
+
+
+def test_a_schedule_end_under_a_constant_rate_is_refused():
+    from omni_rl.config import config_from_dict
+    from omni_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer\.min_lr_ratio: does nothing under schedule: constant"):
+        config_from_dict({"recipe": "demo", "trainer": {"min_lr_ratio": 0.1}})
+    cfg = config_from_dict({"recipe": "demo", "trainer": {"schedule": "cosine", "min_lr_ratio": 0.1}})
+    assert cfg.trainer.setting("min_lr_ratio") == 0.1
+    assert config_from_dict({"recipe": "demo"}).trainer.setting("min_lr_ratio") == 0.0

@@ -33,12 +33,14 @@ def _config(tmp_path, **sections):
         "recipe": "flow_ppo",
         "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "device": "cpu"},
         "env": {"task": "PointMass-v0", "num_envs": 16, "max_episode_steps": 24, "ignore_terminations": False},
-        "policy": {"horizon": 2, "executed": 2, "denoise_steps": 4, "width": 64, "sigma_min": 0.2, "sigma_max": 0.4},
-        "ppo": {"actor_lr": 3e-4, "critic_lr": 1e-3, "epochs": 1, "minibatches": 4},
+        "policy": {"horizon": 2, "executed": 2, "denoise_steps": 4, "width": 64},
+        "ppo": {"actor_lr": 3e-4, "epochs": 1, "minibatches": 4},
         "trainer": {"iterations": 100, "eval_every": 0, "eval_episodes": 48},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
+    if base["policy"].get("method", "flow_noise") == "flow_noise":  # the point-mass task's noise bounds
+        base["policy"] = {"sigma_min": 0.2, "sigma_max": 0.4, **base["policy"]}
     return config_from_dict(base, "test")
 
 
@@ -274,23 +276,61 @@ def test_the_flow_sde_noise_level_anneals_over_the_run(tmp_path):
         _config(tmp_path, policy={"method": "flow_noise", "noise_level_end": 0.3})
 
 
+@pytest.mark.parametrize(
+    ("precision", "steps"),
+    [("bf16-mixed", 4), ("fp32", 5)],
+    ids=["bf16_mixed_cpu_autocast", "fp32_five_steps"],
+)
+@pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
+def test_the_first_epoch_scores_what_the_rollout_sampled(tmp_path, precision, steps, method):
+    """The update's first mini-batch sees the weights that sampled the rollout, so its
+    ratio is exactly 1: under bf16-mixed (CPU autocast) sampling runs in bf16 as the
+    update's forward does (sampling in fp32 gave ratios up to 1.039), and at K = 5 both
+    read one fp32 time grid (``1 - k * delta`` from Python floats gave 1 + 2.9e-6)."""
+    cfg = _config(
+        tmp_path,
+        policy={"denoise_steps": steps, "method": method},
+        ppo={"epochs": 1, "minibatches": 1},
+        trainer={"iterations": 1, "eval_episodes": 8, "precision": precision},
+    )
+    flow_ppo.train(cfg)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["train/ratio_max"] == 1.0 and row["train/ratio_mean"] == 1.0, row
+    assert row["train/approx_kl"] == 0.0
+
+
 def test_actor_and_critic_gradients_clip_apart(tmp_path):
-    """Each part's gradient norm is clipped to its own limit: a critic gradient far
-    above its clip leaves the actor's step as it would be alone."""
+    """Each part's gradient norm is clipped to its own limit: the gradients the
+    optimizer steps with have norm min(limit, norm before the clip) per part. The
+    actor's (12.2 before) is cut to its 1e-3; the critic's (497, far above
+    the actor's limit) stays whole under its 1e6, so a global clip fails this, and so
+    does a clip that ignores its limit."""
     cfg = _config(tmp_path, ppo={"actor_max_grad_norm": 1e-3, "critic_max_grad_norm": 1e6})
     run = flow_ppo.Run(tmp_path, flow_ppo.distributed.ranks(), torch.device("cpu"), None)
     policy = flow_ppo.build_policy(cfg, 6, 2, flow_ppo.shared_stream(cfg))
     engine = flow_ppo.make_engine(policy, cfg, run)
     flow_ppo.use_ppo_optimizer(engine, cfg)
-    obs = torch.randn(4, 6)
-    _, _, value = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(4, policy.steps, dtype=torch.bool))
-    logp, _, _ = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(4, policy.steps, dtype=torch.bool))
+    g = torch.Generator().manual_seed(0)
+    obs = torch.randn(4, 6, generator=g)
+    every_step = torch.ones(4, policy.steps, dtype=torch.bool)
+    _, _, value = policy.evaluate(obs, policy.sample(obs, generator=g).chain, every_step)
+    logp, _, _ = policy.evaluate(obs, policy.sample(obs, generator=g).chain, every_step)
     engine.backward(-logp.sum() + 100.0 * value.sum())
-    grads = {id(p): p.grad.clone() for p in engine.params if p.grad is not None}
-    actor_norm = torch.linalg.vector_norm(torch.stack([grads[id(p)].norm() for p in policy.actor_parameters()]))
+
+    def norm(params) -> float:
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])).item()
+
+    before = [norm(policy.actor_parameters()), norm(policy.critic_parameters())]
+    stepped = []  # each optimizer group's gradient norm as the optimizer steps with it
+    hook = engine.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: stepped.extend(norm(group["params"]) for group in optimizer.param_groups)
+    )
     step = engine.step()
-    assert step.group_norms[0] == pytest.approx(actor_norm.item(), rel=1e-5)
+    hook.remove()
+    assert before[0] > 1.0 and 100.0 < before[1] < 1e6, before
+    assert step.group_norms == pytest.approx(before, rel=1e-5)
     assert step.grad_norm == pytest.approx(math.hypot(*step.group_norms), rel=1e-6)
+    assert stepped == pytest.approx([min(1e-3, before[0]), min(1e6, before[1])], rel=1e-5)
 
 
 def test_demos_that_share_held_out_seeds_are_refused(tmp_path):
@@ -307,3 +347,73 @@ def test_demos_that_share_held_out_seeds_are_refused(tmp_path):
     check_demo_seeds(demos_at(0, 100), eval_seed=1_000_000, eval_episodes=200)  # training seeds: no leak
     with pytest.raises(OmniRLError, match=r"demo seeds \[1000150, 1000250\) overlap the held-out seeds"):
         check_demo_seeds(demos_at(1_000_150, 100), eval_seed=1_000_000, eval_episodes=200)
+
+
+# (sections, the refusal): each field set in a mode that never reads it
+UNUSED_IN_MODE = {
+    "logprob_per_element": (
+        {"ppo": {"ratio": "element"}, "policy": {"logprob": "mean"}},
+        r"policy\.logprob: .* ppo\.ratio: element",
+    ),
+    "hybrid_step_chain": (
+        {"policy": {"method": "flow_sde", "sde_mode": "chain", "hybrid_step": "uniform"}},
+        r"policy\.hybrid_step: .* sde_mode: chain",
+    ),
+    "sigma_min_flow_sde": (
+        {"policy": {"method": "flow_sde", "sigma_min": 0.2}},
+        r"policy\.sigma_min: .* method: flow_sde",
+    ),
+    "sigma_max_flow_sde": (
+        {"policy": {"method": "flow_sde", "sigma_max": 0.4}},
+        r"policy\.sigma_max: .* method: flow_sde",
+    ),
+    "noise_steps_flow_sde": (
+        {"policy": {"method": "flow_sde", "noise_steps": "all"}},
+        r"policy\.noise_steps: .* method: flow_sde",
+    ),
+    "noise_level_flow_noise": ({"policy": {"noise_level": 0.5}}, r"policy\.noise_level: .* method: flow_noise"),
+    "sde_mode_flow_noise": ({"policy": {"sde_mode": "hybrid"}}, r"policy\.sde_mode: .* method: flow_noise"),
+    "hybrid_step_flow_noise": ({"policy": {"hybrid_step": "last"}}, r"policy\.hybrid_step: .* method: flow_noise"),
+    "entropy_coef_flow_sde": (
+        {"policy": {"method": "flow_sde"}, "ppo": {"entropy_coef": 0.005}},
+        r"ppo\.entropy_coef: .* policy\.method: flow_sde",
+    ),
+    "critic_fields_critic_free": (
+        {"ppo": {"critic_free": True, "gamma": 0.95, "critic_lr": 1e-3}},
+        r"ppo\.gamma: does nothing under critic_free: true \(no critic\), nor do critic_lr; remove them",
+    ),
+    "value_input_critic_free": (
+        {"ppo": {"critic_free": True}, "policy": {"value_input": "obs"}},
+        r"policy\.value_input: .* ppo\.critic_free: true",
+    ),
+    "group_size_with_critic": ({"ppo": {"group_size": 4}}, r"ppo\.group_size: .* critic_free: false"),
+    "value_clip_scale_unclipped": (
+        {"ppo": {"value_clip_scale": "absolute"}},
+        r"ppo\.value_clip_scale: .* value_clip: null",
+    ),
+    "min_lr_ratio_constant": ({"ppo": {"min_lr_ratio": 0.1}}, r"ppo\.min_lr_ratio: .* lr_schedule: constant"),
+}
+
+
+@pytest.mark.parametrize(("sections", "message"), UNUSED_IN_MODE.values(), ids=UNUSED_IN_MODE.keys())
+def test_a_field_that_does_nothing_in_its_mode_is_refused(tmp_path, sections, message):
+    """A field set where its mode never reads it is refused at load, naming the field
+    and the mode (unset, each such field means its default in the mode it counts in)."""
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, **sections)
+
+
+def test_fields_left_unset_take_their_modes_defaults(tmp_path):
+    from omni_rl.config import load_config
+
+    noise = flow_ppo.build_policy(_config(tmp_path), 6, 2, torch.Generator())
+    assert (noise.sigma_min, noise.sigma_max, noise.noise_steps) == (0.2, 0.4, "all")
+    sde = flow_ppo.build_policy(_config(tmp_path, policy={"method": "flow_sde"}), 6, 2, torch.Generator())
+    assert (sde.noise_level, sde.sde_mode, sde.hybrid_step, sde.value_input) == (0.5, "hybrid", "last", "obs")
+    cfg = _config(tmp_path, ppo={"critic_free": True})
+    assert cfg.ppo.setting("group_size") == 4 and cfg.ppo.setting("gamma") == 0.95
+    # the quickstart's composite config: a method switched on the command line is valid
+    cfg = load_config(None, ["policy.method=flow_sde", "run.output_dir=x"], recipe="quickstart_sim")
+    assert cfg.policy.sigma_min is None and cfg.ppo.setting("entropy_coef") == 0.005
+    with pytest.raises(ConfigError, match=r"ppo\.entropy_coef: does nothing under policy\.method: flow_sde"):
+        load_config(None, ["policy.method=flow_sde", "ppo.entropy_coef=0.01"], recipe="quickstart_sim")

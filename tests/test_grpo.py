@@ -4,6 +4,7 @@ after SIGKILL, and the bad-input paths (NaN losses, over-long prompts)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -153,7 +154,8 @@ def test_prompts_longer_than_the_limit_are_skipped_and_counted(tmp_path, shapes)
     cfg = load_config(tiny_config(tmp_path, shapes, rollout={"max_prompt_length": 1}, trainer={"steps": 1}))
     with pytest.raises(
         OmniRLError,
-        match=r"nearly every prompt is skipped: \d+ exceed .* limit of 1 tokens, 0 rows .*max_prompt_length=1\)",
+        match=r"nearly every row drawn is skipped: \d+ prompts over the rollout engine's limit of 1 tokens "
+        r"\(rollout\.max_prompt_length=1\)$",
     ):
         grpo.train(cfg)
 
@@ -379,3 +381,133 @@ def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
     assert best["value"] == max(scores) and best["step"] == (2 if scores[0] >= scores[1] else 4)
     assert (run / "best" / "model" / "config.json").is_file()
     assert {p.name for p in plot_metrics(run)} >= {"eval_held_accuracy.png", "eval_mvbench_accuracy.png"}
+
+
+class _LogProbs(torch.nn.Module):
+    """A policy whose parameters are its completions' log-probs [N, L]: the update's
+    gradient and step can be worked out by hand."""
+
+    def __init__(self, logp: torch.Tensor):
+        super().__init__()
+        self.logp = torch.nn.Parameter(logp.clone())
+
+
+def _fake_forwards(monkeypatch, ref: torch.Tensor, entropy: torch.Tensor):
+    from omni_rl.models.forward import GroupOutput
+
+    def logprobs(model, batch, chunk, ids, mask, pad_id, cfg, entropy_mode="off", kept=None):
+        rows = grpo._rows(chunk, cfg.rollout.n)
+        width = grpo._width(mask, rows)
+        measured = None if entropy_mode == "off" else entropy[rows, :width]
+        return GroupOutput(model.logp[rows, :width], measured)
+
+    def reference(engine, reference, batch, chunk, ids, mask, pad_id, cfg):
+        rows = grpo._rows(chunk, cfg.rollout.n)
+        return ref[rows, : grpo._width(mask, rows)]
+
+    monkeypatch.setattr(grpo, "_logprobs", logprobs)
+    monkeypatch.setattr(grpo, "_reference_logp", reference)
+
+
+def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkeypatch):
+    """GSPO through the recipe's update: 2 prompts x 2 completions of 2, 1, 3 and 2
+    tokens, the default aggregation (token-mean, 8 tokens) left unset. Every term is
+    divided by the 4 sequences, the KL and entropy as each sequence's token mean."""
+    from types import SimpleNamespace
+
+    from omni_rl.engine.config import SGDConfig
+    from omni_rl.engine.engine import Engine
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
+    # k1 = logp - ref per token: [0.1, 0.3], [0.4], [0, 0.3, 0.6], [0.2, 0.2]
+    ref = -torch.tensor([[0.1, 0.3, 0, 0], [0.4, 0, 0, 0], [0, 0.3, 0.6, 0], [0.2, 0.2, 0, 0]])
+    entropy = torch.tensor([[1.0, 3, 0, 0], [0.5, 0, 0, 0], [1, 1, 4, 0], [0, 2, 0, 0]])
+    advantages = torch.tensor([1.0, -0.5, 2.0, 0.5])
+    _fake_forwards(monkeypatch, ref, entropy)
+    model = _LogProbs(torch.zeros(4, 4))
+    engine = Engine(model, SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+    cfg = load_config(
+        None,
+        [
+            "data.train=x",
+            "rollout.n=2",
+            "rollout.max_new_tokens=4",
+            "algorithm.loss=gspo",
+            "algorithm.kl_coef=0.1",
+            "algorithm.kl_estimator=k1",
+            "algorithm.epochs=1",
+        ],
+        recipe="grpo",
+    )
+    batch = grpo.Batch(samples=[None, None], encoded=[{"input_ids": torch.zeros(1, 3)}] * 2, seeds=[0, 1])
+    rollouts = SimpleNamespace(completion_ids=torch.zeros(4, 4, dtype=torch.long), logprobs=torch.zeros(4, 4))
+    stats = grpo._update(engine, None, batch, rollouts, mask, advantages, 0, cfg, logged=True)
+    # one epoch: s = 1 for every sequence, nothing clipped; policy -(1 - 0.5 + 2 + 0.5) / 4
+    # (the token count would give -3 / 8 = -0.375)
+    assert stats["loss/policy"] == pytest.approx(-0.75, abs=1e-6)
+    assert stats["loss/clip_fraction"] == 0
+    # KL: sequence means 0.2, 0.4, 0.3, 0.2 -> 1.1 / 4 (token-mean: 2.1 / 8 = 0.2625)
+    assert stats["loss/kl"] == pytest.approx(0.275, abs=1e-6)
+    # entropy: sequence means 2, 0.5, 2, 1 -> 5.5 / 4 (token-mean: 12.5 / 8 = 1.5625)
+    assert stats["actor/entropy"] == pytest.approx(1.375, abs=1e-6)
+    # d/dlogp_it = (-A_i s_i + kl_coef) / (4 |y_i|) at s_i = 1; SGD at lr 1 steps by minus that:
+    # (1 - 0.1) / 8 = 0.1125, (-0.5 - 0.1) / 4 = -0.15, (2 - 0.1) / 12 = 0.158333, (0.5 - 0.1) / 8 = 0.05
+    step = torch.tensor([0.1125, -0.15, 0.158333, 0.05])[:, None] * mask
+    torch.testing.assert_close(model.logp.detach(), step, atol=1e-6, rtol=0)
+    # sqrt(2 * 0.1125^2 + 0.15^2 + 3 * 0.158333^2 + 2 * 0.05^2)
+    assert stats["optim/grad_norm"] == pytest.approx(0.357800, abs=1e-6)
+
+
+def _out(logp: torch.Tensor, entropy: torch.Tensor | None = None):
+    from omni_rl.models.forward import GroupOutput
+
+    return GroupOutput(logp, entropy)
+
+
+def test_gspo_clips_at_its_own_defaults_unless_set():
+    # s = 1.001 with A = +1: GSPO's 1 + 4e-4 clips it to -1.0004; s = 0.999 with A = -1: 1 - 3e-4 -> 0.9997
+    cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo"], recipe="grpo")
+    up, down, mask = torch.full((1, 2), math.log(1.001)), torch.full((1, 2), math.log(0.999)), torch.ones(1, 2)
+    loss, _, means = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    assert loss.item() == pytest.approx(-1.0004, abs=1e-7) and means["loss/clip_fraction"] == 1.0
+    loss, _, _ = grpo._policy_loss(_out(down), torch.zeros(1, 2), None, torch.tensor([-1.0]), mask, 1.0, cfg)
+    assert loss.item() == pytest.approx(0.9997, abs=1e-7)
+    assert cfg.algorithm.clip_range == (3e-4, 4e-4)
+    # set explicitly, PPO's 0.28 leaves 1.001 alone
+    cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo", "algorithm.eps_high=0.28"], recipe="grpo")
+    assert cfg.algorithm.clip_range == (3e-4, 0.28)
+    loss, _, means = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    assert loss.item() == pytest.approx(-1.001, abs=1e-7) and means["loss/clip_fraction"] == 0.0
+    # the clipped loss keeps PPO's clips with clip-higher
+    assert load_config(None, ["data.train=x"], recipe="grpo").algorithm.clip_range == (0.2, 0.28)
+
+
+@pytest.mark.parametrize("setting", ["aggregation=token-mean", "aggregation=seq-mean-token-sum-norm", "dual_clip=3"])
+def test_settings_gspo_ignores_are_refused_at_load(setting):
+    from omni_rl.errors import ConfigError
+
+    field = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"algorithm\.{field}: does nothing under loss: gspo"):
+        load_config(None, ["data.train=x", "algorithm.loss=gspo", f"algorithm.{setting}"], recipe="grpo")
+    load_config(None, ["data.train=x", f"algorithm.{setting}"], recipe="grpo")  # the clipped loss uses it
+
+
+def test_sum_norm_kl_and_entropy_divide_by_the_fixed_length():
+    """seq-mean-token-sum-norm: each sequence's sums over max_new_tokens = 8, whatever
+    the micro-batch's trimmed width (3 here), for the KL and entropy as for the policy."""
+    overrides = ["data.train=x", "rollout.max_new_tokens=8", "algorithm.aggregation=seq-mean-token-sum-norm"]
+    cfg = load_config(None, [*overrides, "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"], recipe="grpo")
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    ref = -torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.4, 5.0]])  # k1 = -ref; the padded 5.0 counts nowhere
+    entropy = torch.tensor([[1.0, 2, 3], [0.5, 0.5, 7]])
+    loss, sums, _ = grpo._policy_loss(
+        _out(torch.zeros(2, 3), entropy), torch.zeros(2, 3), ref, torch.tensor([1.0, -1.0]), mask, 2.0, cfg
+    )
+    # policy: -A per token, sums -3 and +2 -> (-3/8 + 2/8) / 2
+    assert sums["loss/policy"] == pytest.approx(-0.0625, abs=1e-6)
+    # KL: sums 0.6 and 0.8 -> (0.6/8 + 0.8/8) / 2 (the width would give 0.233333)
+    assert sums["loss/kl"] == pytest.approx(0.0875, abs=1e-6)
+    # entropy: sums 6 and 1 -> (6/8 + 1/8) / 2 (the width would give 1.166667)
+    assert sums["actor/entropy"] == pytest.approx(0.4375, abs=1e-6)
+    # entropy_coef is 0: the loss is the policy term plus 0.1 x the KL
+    assert loss.item() == pytest.approx(-0.0625 + 0.1 * 0.0875, abs=1e-6)

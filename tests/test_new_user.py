@@ -32,9 +32,9 @@ def dataset(tmp_path: Path, *extra: dict) -> Path:
     return path
 
 
-def config(tmp_path: Path, rows: Path, **sections) -> Path:
+def config(tmp_path: Path, rows: Path, recipe: str = "sft", **sections) -> Path:
     raw = {
-        "recipe": "sft",
+        "recipe": recipe,
         "run": {"output_dir": str(tmp_path / "run"), "threads": 2},
         "model": {"tiny_family": "qwen2_5_vl"},
         "data": {"train": str(rows), "prompts_per_step": 2},
@@ -110,6 +110,81 @@ def test_bad_media_paths_are_refused_before_step_1(tmp_path, caplog):
     # --strict (data.strict): the first bad row stops the run before the model is built
     assert train(tmp_path / "strict", data, data={"strict": True}) == 2
     assert not (tmp_path / "strict" / "run" / "tiny_model").exists()
+
+
+BROKEN = {"id": "broken", "problem": "Which way does the square move?", "problem_type": "multiple_choice",
+          "answer": "A", "options": ["left", "right"], "videos": ["media/broken.mp4"]}  # fmt: skip
+
+
+def broken_dataset(tmp_path: Path) -> tuple[Path, Path]:
+    """Four good rows and, at line 5, a row whose mp4 is cut off half way (no moov atom:
+    no decoder opens it, yet the file is there, so the row passes every load check)."""
+    data = dataset(tmp_path, BROKEN)
+    video = data.parent / "media" / "broken.mp4"
+    clip = (EXAMPLES / "media" / "square_right.mp4").read_bytes()
+    video.write_bytes(clip[: len(clip) // 2])
+    return data, video.resolve()
+
+
+def test_an_undecodable_video_is_reported_once_counted_and_skipped_in_sft_grpo_and_eval(tmp_path, caplog, capsys):
+    data, video = broken_dataset(tmp_path)
+    held = data.parent / "held.jsonl"  # an eval set with its own broken row (line 2)
+    held.write_text(data.read_text().splitlines()[0] + "\n" + json.dumps({**BROKEN, "id": "held-broken"}) + "\n")
+    reason = f"{video}: cannot decode video"
+    runs = {
+        "sft": {"data": {"prompts_per_step": 4, "eval": [{"data": str(held), "max_new_tokens": 2}]}},
+        "grpo": {"data": {"prompts_per_step": 4}, "rollout": {"n": 2, "max_new_tokens": 4}},
+    }
+    for recipe, sections in runs.items():
+        caplog.clear()
+        # two steps of 4 over 5 rows: every row is drawn, some twice
+        assert train(tmp_path / recipe, data, recipe=recipe, trainer={"steps": 2}, **sections) == 0
+        warnings = [r.getMessage() for r in caplog.records if "broken.mp4" in r.getMessage()]
+        train_warnings = [m for m in warnings if m.startswith(f"{data}:5: row 'broken': {reason}")]
+        assert len(train_warnings) == 1 and train_warnings[0].endswith("(row skipped; counted in skipped/bad_rows)")
+        row = metrics(tmp_path / recipe)[-1]
+        assert row["skipped/bad_rows"] == 1 and row["data/rows_used"] == 5
+        summary = json.loads((tmp_path / recipe / "run" / "summary.json").read_text())
+        assert summary["data"]["train"]["skipped/bad_rows"] == 1
+        if recipe == "sft":  # the eval set during training: its bad row reported and skipped too
+            assert [m for m in warnings if m.startswith(f"{held}:2: row 'held-broken': {reason}")]
+            assert row["eval/held/rows"] == 1 and row["eval/held/skipped"] == 1
+    # omni-rl eval: the same row reported, skipped and counted
+    caplog.clear()
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "sft" / "run"), "--data", str(data), "--max-new-tokens", "2"]) == 0
+    assert "5 rows read: 4 scored, 0 refused when loading, 1 skipped" in capsys.readouterr().out
+    assert sum(f"{data}:5: row 'broken': {reason}" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_under_data_strict_an_undecodable_video_stops_training_and_eval_naming_it(tmp_path, capsys):
+    data, video = broken_dataset(tmp_path)
+    strict = {"data": {"strict": True, "prompts_per_step": 4}, "trainer": {"steps": 2}}
+    named = f"{data}:5: row 'broken': {video}: cannot decode video"
+    for recipe, sections in (("sft", {}), ("grpo", {"rollout": {"n": 2, "max_new_tokens": 4}})):
+        assert train(tmp_path / recipe, data, recipe=recipe, **strict, **sections) == 2
+        err = capsys.readouterr().err
+        assert named in err and "(data.strict: a bad row stops the run)" in err
+    model = tmp_path / "sft" / "run" / "tiny_model"
+    args = ["eval", "--model", str(model), "--data", str(data), "--max-new-tokens", "2"]
+    assert main([*args, "--config", str(config(tmp_path / "cfg", data, **strict))]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "data.strict" in err
+
+
+def test_rows_preprocess_could_not_cache_are_refused_at_load(tmp_path, caplog):
+    data, video = broken_dataset(tmp_path)
+    cache = tmp_path / "cache"
+    base = config(tmp_path / "pre", data)
+    assert main(["preprocess", str(data), "--cache", str(cache), "--config", str(base)]) == 0
+    assert '"id": "broken"' in (cache / "failures.jsonl").read_text()
+    assert train(tmp_path, data, data={"cache": str(cache), "prompts_per_step": 4}, trainer={"steps": 2}) == 0
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{data}:5 broken: ")]
+    assert len(refusals) == 1 and f"{video}: cannot decode video" in refusals[0]
+    assert f"preprocess could not cache it, {cache / 'failures.jsonl'}" in refusals[0]
+    row = metrics(tmp_path)[-1]
+    assert (row["data/rows_read"], row["data/rows_used"], row["data/rows_refused"]) == (5, 4, 1)
+    assert row["skipped/bad_rows"] == 0 and row["data/cache_misses"] == 0
 
 
 def test_an_unknown_type_stops_before_the_model_is_built_naming_its_rows(tmp_path, capsys):

@@ -233,7 +233,7 @@ def test_plugins_from_config_and_errors(tmp_path, monkeypatch):
         assert score("short", "abc", 5).score == 1.0
         crashed = score("broken", "abc", 5)
         assert crashed.score == 0.0 and "boom" in crashed.details["error"]
-        assert score("plain", "abc", 5).score == 1.0  # clamped into [0, 1]
+        assert score("plain", "abc", 5).score == 7.0  # a plug-in's value is used as it is
         assert load_plugins({"short": "my_rewards:length"}) == []  # same function again: no-op
         with pytest.raises(OmniRLError, match="clashes with a registered problem type"):
             load_plugins({"counting": "my_rewards:length"})
@@ -300,3 +300,129 @@ def test_plugins_from_the_entry_point_group(tmp_path, monkeypatch):
         assert score("quarter", "anything", None).score == 0.25
     finally:
         SCORERS._items.pop("quarter", None)
+
+
+# ------------------------------------------------------------------ reward ranges
+
+RANGE_PLUGINS = {
+    "signed": "reward_plugins:signed",
+    "unstable": "reward_plugins:unstable",
+    "nan_format": "reward_plugins:nan_format",
+}
+
+
+@pytest.fixture
+def range_plugins():
+    load_plugins(RANGE_PLUGINS)
+    yield
+    for name in RANGE_PLUGINS:
+        SCORERS._items.pop(name, None)
+
+
+def test_plugin_rewards_outside_0_1_are_used_as_they_are(range_plugins):
+    assert score("signed", "Sorry, I cannot tell.", None).score == -1.0  # a penalty stays a penalty
+    bonus = score("signed", "It is **B**.", None)
+    assert (bonus.score, bonus.accuracy, bonus.format) == (2.0, 2.0, 0.0)
+    assert "nonfinite" not in bonus.details and "error" not in bonus.details
+
+
+def test_a_nonfinite_plugin_reward_scores_0_and_is_counted(range_plugins):
+    results = [score("unstable", response, None) for response in ("nan", "inf", "-inf", "0.25", "text")]
+    assert [r.score for r in results] == [0.0, 0.0, 0.0, 0.25, 1.0]
+    assert results[0].details["nonfinite"] == {"score": "nan", "accuracy": "nan"}
+    assert results[2].details["nonfinite"] == {"score": "-inf", "accuracy": "-inf"}
+    partial = score("nan_format", "x", None)  # only the nan value becomes 0
+    assert (partial.score, partial.accuracy, partial.format) == (0.5, 1.0, 0.0)
+    assert partial.details == {"why": "format left undefined", "nonfinite": {"format": "nan"}}
+    metrics = aggregate([*results, partial], ["unstable"] * 5 + ["nan_format"])
+    assert metrics["reward/nonfinite"] == 4.0  # nan, inf, -inf and the nan format
+    assert metrics["reward/mean"] == pytest.approx((0.25 + 1.0 + 0.5) / 6)
+    assert aggregate(results[3:], ["unstable"] * 2)["reward/nonfinite"] == 0.0  # logged on every step
+
+
+def test_a_judge_outside_0_1_is_reported_not_clipped():
+    from omni_rl.rewards import register
+
+    register("range_test_judge")(lambda prediction, target: float(prediction))
+    try:
+        over = score("range_test_judge", "<answer>1.5</answer>", None)
+        assert over.accuracy == 0.0 and "accuracy 1.5, outside [0, 1]" in over.details["error"]
+        assert "accuracy nan, outside [0, 1]" in score("range_test_judge", "nan", None).details["error"]
+        inside = score("range_test_judge", "<think>x</think><answer>0.5</answer>", None)
+        assert inside.accuracy == 0.5 and inside.score == pytest.approx(0.9 * 0.5 + 0.1 * 1.0)
+        assert "error" not in inside.details
+    finally:
+        SCORERS._items.pop("range_test_judge", None)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "message"),
+    [
+        (
+            {"accuracy_weight": 1.0, "format_weight": 0.5},
+            r"rewards\.format_weight: accuracy_weight 1 and format_weight 0\.5 sum to 1\.5, above 1.*0\.667 and 0\.333",
+        ),
+        (
+            {"accuracy_weight": -0.5},
+            r"rewards\.accuracy_weight: accuracy_weight -0\.5 and format_weight 0\.1 must be finite and >= 0",
+        ),
+        ({"format_weight": float("inf")}, r"rewards\.format_weight: accuracy_weight 0\.9 and format_weight inf must"),
+        ({"accuracy_weight": float("nan")}, r"rewards\.accuracy_weight: accuracy_weight nan and format_weight 0\.1"),
+        ({"accuracy_weight": 0.0, "format_weight": 0.0}, r"rewards\.format_weight: .* are both 0"),
+        ({"weights": {"ocr": [1.0, 0.5]}}, r"rewards\.weights\.ocr: accuracy 1 and format 0\.5 sum to 1\.5, above 1"),
+    ],
+    ids=["sum-above-1", "negative", "inf", "nan", "all-zero", "per-type-sum-above-1"],
+)
+def test_weights_that_leave_0_1_or_say_nothing_are_refused_at_load(rewards, message):
+    from omni_rl.config import config_from_dict
+    from omni_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"recipe": "preprocess", "rewards": rewards})
+
+
+def test_reward_settings_refuse_the_same_weights():
+    with pytest.raises(ValueError, match=r"default weights: accuracy 1 and format 0\.5 sum to 1\.5"):
+        RewardSettings(accuracy_weight=1.0, format_weight=0.5)
+    with pytest.raises(ValueError, match=r"counting weights: accuracy -1 and format 1 must be finite and >= 0"):
+        RewardSettings(weights={"counting": (-1.0, 1.0)})
+    # a sum of 1 up to rounding, a smaller one, or no format weight: accepted, and the sum is the reward
+    settings = RewardSettings(
+        accuracy_weight=0.7, format_weight=0.3, weights={"ocr": (1.0, 0.0), "counting": (0.5, 0.25)}
+    )
+    assert score("counting", "<think>x</think><answer>3</answer>", 3, settings=settings).score == 0.75
+
+
+def test_dynamic_sampling_keeps_a_group_told_apart_by_a_penalty(range_plugins):
+    import torch
+
+    from omni_rl.algorithms.sampling import informative_groups
+
+    responses = ["Sorry, no idea.", "It is 3.", "**3**", "**3**"]
+    results = score_batch(["signed"] * 4, responses, [Target(3)] * 4)
+    rewards = torch.tensor([r.score for r in results])
+    assert rewards.tolist() == [-1.0, 0.0, 2.0, 2.0]
+    assert informative_groups(rewards, 2).tolist() == [True, False]  # -1 against 0 teaches; 2 against 2 does not
+
+
+def test_rewards_cli_prints_plugin_values_and_refuses_bad_weights(capsys):
+    from omni_rl.cli import main
+
+    plug = [
+        "--set",
+        "rewards.custom.signed=reward_plugins:signed",
+        "--set",
+        "rewards.custom.unstable=reward_plugins:unstable",
+    ]
+    try:
+        assert main(["rewards", "score", "--type", "signed", "--answer", "3", "--response", "Sorry.", *plug]) == 0
+        assert json.loads(capsys.readouterr().out)["score"] == -1.0
+        assert main(["rewards", "score", "--type", "unstable", "--answer", "3", "--response", "nan", *plug]) == 0
+        printed = json.loads(capsys.readouterr().out)  # valid JSON: no bare NaN
+        assert printed["score"] == 0.0 and printed["details"]["nonfinite"]["score"] == "nan"
+    finally:
+        for name in ("signed", "unstable"):
+            SCORERS._items.pop(name, None)
+    weights = ["--set", "rewards.accuracy_weight=1", "--set", "rewards.format_weight=0.5"]
+    assert main(["rewards", "score", "--type", "counting", "--answer", "3", "--response", "3", *weights]) == 2
+    assert "accuracy_weight 1 and format_weight 0.5 sum to 1.5" in capsys.readouterr().err

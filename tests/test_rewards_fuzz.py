@@ -15,6 +15,8 @@ from omni_rl.rewards.parsing import parse_box, parse_number, parse_span
 
 GOLD = {
     "multiple_choice": ("B", ["left", "right", "up", "down"]),
+    "choice_text": ("B", ["left", "right", "up", "down"]),
+    "choice_words": ("B", ["a red square", "a blue circle", "a red circle"]),
     "numerical": (3.5, None),
     "regression": (12, None),
     "counting": (3, None),

@@ -1,3 +1,9 @@
+import json
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -35,3 +41,69 @@ def test_seed_everything_repeats_draws():
     a = torch.rand(4)
     seed_everything(3)
     assert torch.equal(a, torch.rand(4))
+
+
+# A softmax row of 513 floats: ATen's AVX2 and AVX-512 kernels sum it in another order,
+# so its bits tell which kernel level ran.
+KERNEL_PROBE = """
+import hashlib, json, logging, sys, torch
+from omni_rl.runtime import RunConfig, apply_run_settings
+logging.basicConfig(level=logging.WARNING)
+if sys.argv[2] == "compute-first":
+    torch.softmax(torch.randn(3, 513), -1)
+settings = apply_run_settings(RunConfig(threads=1, cpu_kernels=sys.argv[1]))
+torch.manual_seed(0)
+x = torch.softmax(torch.randn(257, 513), -1)
+print(json.dumps({**settings, "bits": hashlib.sha256(x.numpy().tobytes()).hexdigest()}))
+"""
+
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _probe(kernels: str, order: str = "pin-first", **env) -> tuple[dict, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")}
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL_PROBE, kernels, order],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_avx2_kernels_give_the_numbers_of_a_cpu_without_avx512():
+    if not X86:
+        pytest.skip("kernel levels are an x86-64 matter")
+    pinned, log = _probe("avx2")
+    assert pinned["cpu_kernels"] == "AVX2" and pinned["threads"] == 1 and "cpu_kernels" not in log
+    # a process whose CPU offers no more than AVX2 from its start (what ATEN_CPU_CAPABILITY emulates)
+    avx2_machine, _ = _probe("native", ATEN_CPU_CAPABILITY="avx2")
+    assert avx2_machine["cpu_kernels"] == "AVX2" and avx2_machine["bits"] == pinned["bits"]
+    native, _ = _probe("native")
+    if native["cpu_kernels"] != "AVX2":  # a CPU with AVX-512: the wider kernels round otherwise
+        assert native["bits"] != pinned["bits"]
+
+
+def test_a_pin_that_comes_too_late_is_said():
+    if not X86:
+        pytest.skip("kernel levels are an x86-64 matter")
+    native, _ = _probe("native")
+    if native["cpu_kernels"] == "AVX2":
+        pytest.skip("this CPU has no kernel level above AVX2, so no pin can come too late")
+    late, log = _probe("avx2", "compute-first")
+    assert late["cpu_kernels"] == native["cpu_kernels"]
+    assert "run.cpu_kernels=avx2: torch's CPU kernels run at" in log
+
+
+def test_a_pin_that_comes_too_late_leaves_the_environment_of_later_processes_alone(monkeypatch):
+    from omni_rl.runtime import AVX2_KERNELS, pin_cpu_kernels
+
+    for name in AVX2_KERNELS:
+        monkeypatch.delenv(name, raising=False)
+    torch.softmax(torch.randn(2, 8), -1)  # this process computes at its level from now on
+    if pin_cpu_kernels("avx2") != "AVX2":
+        assert not any(name in os.environ for name in AVX2_KERNELS)
+    else:  # the process already ran AVX2 kernels: its children are pinned the same way
+        assert all(os.environ.get(name) == value for name, value in AVX2_KERNELS.items())

@@ -1,10 +1,16 @@
 """Group-relative advantage estimators for outcome rewards.
 
 Rewards arrive flat, ``[B*G]``: G completions of each of B prompts, group by group.
+Each estimator is ``(rewards, group_size, *, batch_sum)``. When these rewards are one
+process's part of the batch, ``batch_sum`` sums a list of floats over every part (the
+recipe passes the collective); statistics over groups, such as REINFORCE++'s
+whitening, then cover the whole batch, so N processes compute what one does.
+Group-relative estimators use only their own groups and never call it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -12,6 +18,13 @@ import torch
 from omni_rl.registry import Registry
 
 ADVANTAGES: Registry[Callable[..., torch.Tensor]] = Registry("advantage estimator")
+
+BatchSum = Callable[[list[float]], list[float]]
+
+
+def local_sum(values: list[float]) -> list[float]:
+    """The ``batch_sum`` of a batch held whole by this process: the values themselves."""
+    return list(values)
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -21,7 +34,9 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, *, batch_sum: BatchSum = local_sum
+) -> torch.Tensor:
     """GRPO: (r - group mean) / (group std + eps), std with Bessel's correction.
 
     Args:
@@ -37,7 +52,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
 
 
 @ADVANTAGES.register("dr_grpo")
-def dr_grpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, *, batch_sum: BatchSum = local_sum) -> torch.Tensor:
     """Dr. GRPO: r - group mean, no std normalization (which favours easy and hard
     prompts). rewards: [B*G] -> [B*G]."""
     r = _groups(rewards, group_size)
@@ -45,7 +60,7 @@ def dr_grpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(rewards: torch.Tensor, group_size: int, *, batch_sum: BatchSum = local_sum) -> torch.Tensor:
     """RLOO: r_i minus the mean of the other G-1 rewards of its group.
     rewards: [B*G] -> [B*G]."""
     if group_size < 2:
@@ -56,15 +71,32 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @ADVANTAGES.register("reinforce_pp")
-def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, *, batch_sum: BatchSum = local_sum
+) -> torch.Tensor:
     """REINFORCE++ with a group baseline: r - group mean, then whitened over the whole
-    batch (mean 0, std 1). rewards: [B*G] -> [B*G]."""
+    batch (mean 0, std 1, std with Bessel's correction).
+
+    Args:
+        rewards: [B*G], this process's groups (possibly none).
+        batch_sum: sums over every process's groups (see the module's docstring); it is
+            called once whatever this part holds, so a collective stays in step.
+    Returns:
+        advantages [B*G]; only centered when the whole batch has fewer than 2.
+    """
     centered = dr_grpo_advantages(rewards, group_size)
-    if centered.numel() < 2:
+    wide = centered.double()  # the sum of squares in float64: N parts add up exactly enough
+    count, total, squares = batch_sum([float(wide.numel()), float(wide.sum()), float((wide**2).sum())])
+    if count < 2:
         return centered
-    return (centered - centered.mean()) / (centered.std() + eps)
+    mean = total / count
+    std = math.sqrt(max(squares - count * mean**2, 0.0) / (count - 1))
+    return ((wide - mean) / (std + eps)).float()
 
 
-def compute_advantages(method: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Dispatch to the estimator registered as ``method``."""
-    return ADVANTAGES.get(method)(rewards, group_size)
+def compute_advantages(
+    method: str, rewards: torch.Tensor, group_size: int, batch_sum: BatchSum = local_sum
+) -> torch.Tensor:
+    """Dispatch to the estimator registered as ``method``. rewards: [B*G] -> [B*G].
+    ``batch_sum``: see the module's docstring; every process must call this alike."""
+    return ADVANTAGES.get(method)(rewards, group_size, batch_sum=batch_sum)

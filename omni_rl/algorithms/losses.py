@@ -135,29 +135,34 @@ def gspo_policy_loss(
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios,
-    s = exp(mean_t(logp - old_logp)), clipped, averaged over sequences.
+    s = exp(mean_t(logp - old_logp)), clipped, averaged over sequences (the paper's
+    clips are 3e-4 and 4e-4: s moves far less than a token's ratio does).
 
     Args:
         logp, old_logp, mask: [N, L]; advantages: [N].
-        denominator: the whole batch's sequence count when these N are a part of it.
+        denominator: the whole batch's sequence count when these N are a part of it;
+            default: the sequences of these N that hold a token.
         weights: [N] constants each sequence's loss is multiplied by, or None.
+    Returns:
+        (loss [], stats); a sequence without a token (masked out) counts nowhere.
     """
     maskf = mask.to(logp.dtype)
+    present = mask.bool().any(-1)
     log_ratio = ((logp - old_logp) * maskf).sum(-1) / maskf.sum(-1).clamp(min=1)
     ratio = torch.exp(log_ratio)
     adv = advantages.to(ratio.dtype)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
-    per_seq = torch.maximum(unclipped, clipped)
+    per_seq = torch.maximum(unclipped, clipped) * present.to(ratio.dtype)
     if weights is not None:
         per_seq = per_seq * weights.detach()
-    loss = per_seq.sum() / (denominator or ratio.shape[0])
+    loss = per_seq.sum() / (denominator or present.sum().clamp(min=1))
     with torch.no_grad():
         stats = PolicyLossStats(
-            clip_fraction=float((clipped > unclipped).float().mean()),
+            clip_fraction=_masked_mean((clipped > unclipped).float(), present),
             dual_clip_fraction=0.0,
-            ratio_mean=float(ratio.mean()),
-            ratio_max=float(ratio.max()),
+            ratio_mean=_masked_mean(ratio, present),
+            ratio_max=float(ratio[present].max()) if present.any() else 1.0,
         )
     return loss, stats
 

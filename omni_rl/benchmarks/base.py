@@ -5,6 +5,11 @@ A preset reads the benchmark's files as distributed (a local directory; nothing 
 downloaded) into rows of omni_rl's schema (``id``, ``problem``, ``problem_type``,
 ``answer``, ``options``, media paths, plus the benchmark's own fields, ``task`` among
 them). The same rows feed ``omni-rl eval --benchmark`` and ``omni-rl data convert``.
+
+Each preset names the scorer it follows (``Variant``): the lmms-eval release whose task
+gives its prompt, settings, denominator and aggregation, how that release reads an
+answer, and how omni_rl's parser, which also scores training, differs from it. The
+results record it under ``configs.<task>.follows``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ class Protocol:
     """Audio is cut to this length."""
     prompt: str = "{question}"
     """The prompt template; fields: {question}, {options} (in the benchmark's style),
-    {subtitles} (Video-MME) and any field of the benchmark's rows."""
+    {subtitles} (Video-MME), {choices} (MMAU: the choices unlettered, one per line) and
+    any field of the benchmark's rows."""
     temperature: float = 0.0
     """0: greedy; sampling temperature otherwise (pass@K needs > 0)."""
     max_new_tokens: int = 16
@@ -55,7 +61,13 @@ class Protocol:
     """The omni_rl reward type whose parser reads the answer (after <answer> tags, if
     any): multiple_choice, choice_text, regression, temporal_grounding, ..."""
     metric: str = "accuracy"
-    """How scores aggregate; each benchmark lists the metrics it knows."""
+    """How scores aggregate; each benchmark lists the metrics it knows. Accuracy
+    metrics differ in their denominator: ``accuracy`` every scored row,
+    ``accuracy_responded`` rows whose response is not empty, ``accuracy_answered`` rows
+    whose answer parsed."""
+    variant: str = "lmms-eval"
+    """Which of the preset's protocols the other fields start from: ``lmms-eval`` (every
+    preset), or another the preset names (``mmau_test_mini``: ``official``)."""
 
     def __post_init__(self):
         require((self.nframes is None) != (self.fps is None), "nframes", "set one of nframes and fps")
@@ -115,6 +127,32 @@ class Scored:
     responses: list[str]
 
 
+LMMS_EVAL = "0.7.2"
+"""The lmms-eval release the presets follow (tag v0.7.2). It changed Video-MME's parser
+(to its shared ``extract_mcq_answer``), scored Charades-STA in the harness for the first
+time and reported each VSI-Bench type as its own metric; MVBench and MMAU are as in
+0.7.1."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One protocol of a preset and the scorer it follows, written into the results.
+
+    Attributes:
+        follows: the reference scorer ("lmms-eval 0.7.2, lmms_eval/tasks/mvbench").
+        parser: how the reference reads an answer, and how omni_rl's parser differs.
+        denominator: which rows the reference divides by.
+        metric: the ``protocol.metric`` that divides by the same rows (the default).
+        overrides: protocol fields that differ from the preset's lmms-eval protocol.
+    """
+
+    follows: str
+    parser: str
+    denominator: str
+    metric: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """A benchmark preset.
@@ -127,6 +165,8 @@ class Benchmark:
             units (percent or fraction, as its task reports).
         metrics: the names ``protocol.metric`` may take.
         layout: one line on the files it reads (for errors and the README).
+        variants: the protocols by name, ``lmms-eval`` (the default protocol) first,
+            each with the scorer it follows.
         score: ``(row, parsed answer, reward accuracy) -> score`` where the benchmark's
             metric differs from the reward's (VSI-Bench's MRA); default: the accuracy.
     """
@@ -137,7 +177,17 @@ class Benchmark:
     aggregate: Callable[[list[Scored], str], dict[str, float]]
     metrics: tuple[str, ...]
     layout: str
+    variants: dict[str, Variant]
     score: Callable[[dict, Any, float], float] | None = None
+
+    def protocol_for(self, overrides: dict[str, Any]) -> Protocol:
+        """The protocol of the variant ``overrides`` names (default: lmms-eval's), with
+        ``overrides`` applied on top; an error lists the variants."""
+        name = str(overrides.get("variant", self.protocol.variant))
+        if name not in self.variants:
+            known = ", ".join(self.variants)
+            raise OmniRLError(f"protocol.variant: {self.name} has the protocols {known}, not '{name}'")
+        return self.protocol.overridden({**self.variants[name].overrides, **overrides})
 
     def load(self, directory: str | Path, protocol: Protocol) -> Reading:
         """The benchmark's rows under ``directory``; an error naming the expected layout
@@ -203,10 +253,11 @@ def find_table(root: Path, *patterns: str) -> Path | None:
 
 
 def option_texts(options) -> list[str]:
-    """Options as plain texts: "A. chair" -> "chair" (the prompt letters them again)."""
-    from omni_rl.rewards.choice import OPTION_PREFIX
+    """Options as plain texts: "A. chair" -> "chair" (the prompt letters them again),
+    when every option carries its own label in order (``rewards.choice.option_texts``)."""
+    from omni_rl.rewards.choice import option_texts as texts
 
-    return [OPTION_PREFIX.sub("", str(o)) for o in options or []]
+    return texts(options)
 
 
 def read_json(path: Path) -> Any:
@@ -255,9 +306,18 @@ def grouped(scored: list[Scored], key: str) -> dict[str, list[Scored]]:
     return dict(sorted(groups.items()))
 
 
+ACCURACIES = ("accuracy", "accuracy_responded", "accuracy_answered")
+
+
 def accuracy(scored: list[Scored], metric: str) -> float:
-    """Percent right: over every row (``accuracy``), or over the rows whose answer
-    parsed (``accuracy_answered``, lmms-eval's MVBench and Video-MME denominator)."""
-    if metric == "accuracy_answered":
+    """Percent right over the rows the metric counts: every scored row (``accuracy``:
+    lmms-eval's Video-MME and MMAU, and MMAU's own script); rows with a
+    response that is not empty or blank (``accuracy_responded``: lmms-eval's MVBench,
+    which drops only empty responses); rows whose answer parsed (``accuracy_answered``:
+    Video-MME's own script, which counts a question only when it finds a letter; no
+    lmms-eval task divides so)."""
+    if metric == "accuracy_responded":
+        scored = [s for s in scored if any(r.strip() for r in s.responses)]
+    elif metric == "accuracy_answered":
         scored = [s for s in scored if s.parsed is not None]
     return 100.0 * mean([s.score for s in scored])

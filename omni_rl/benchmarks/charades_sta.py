@@ -9,6 +9,14 @@ Two layouts, as distributed:
 
 Metrics: mIoU and R@0.3/0.5/0.7 (the share of queries with IoU at least 0.3, 0.5,
 0.7), in percent.
+
+Scoring follows lmms-eval 0.7.2's ``temporal_grounding_charades`` task, the first
+release that scores it in the harness (0.7.1 wrote a submission file for an offline
+script): its prompt, 50 greedy tokens, and its denominator, every query, one without
+a readable span scoring IoU 0. lmms-eval reads the first "start - end" pair of the
+sentences that mention a start, an end or "happens"; here omni_rl's
+``temporal_grounding`` parser reads one bracketed pair or exactly two times, and
+refuses a span that ends before it starts (lmms-eval swaps the two).
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from omni_rl.benchmarks.base import (
+    LMMS_EVAL,
     Benchmark,
     Protocol,
     Reading,
     Scored,
+    Variant,
     find_table,
     mean,
     read_table,
@@ -38,6 +48,15 @@ PROTOCOL = Protocol(
     ),
     max_new_tokens=50,
     answer_parser="temporal_grounding",
+    metric="iou",
+)
+LMMS_EVAL_SCORING = Variant(
+    follows=f"lmms-eval {LMMS_EVAL}, lmms_eval/tasks/charades_sta",
+    parser=(
+        "lmms-eval 0.7.2's extract_time: the first 'start - end' pair of the sentences naming a start, end or "
+        "'happens'; here omni_rl's temporal_grounding parser (one bracketed pair or exactly two times)"
+    ),
+    denominator="every query (no readable span: IoU 0)",
     metric="iou",
 )
 VIDEO_DIRS = ("Charades_v1_480", "videos", "")
@@ -120,5 +139,6 @@ register_benchmark(
         aggregate=aggregate,
         metrics=("iou",),
         layout="charades_sta_test.txt or data/test-*.parquet, and Charades_v1_480/<video>.mp4",
+        variants={"lmms-eval": LMMS_EVAL_SCORING},
     )
 )

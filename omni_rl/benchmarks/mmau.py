@@ -5,9 +5,22 @@ Layout (the MMAU authors' release): ``mmau-test-mini.json``, a JSON list of
 (the right choice's text), "task" (sound, music, speech), "difficulty", "category",
 "sub-category", "dataset"}``, with the clips under ``test-mini-audios/``.
 
-Scoring: the response names a choice by its letter or by its text (lmms-eval's prompt
-asks for the letter; MMAU's own scorer matches the text). ``answer_parser:
-choice_text`` accepts the text only.
+Two protocols (``protocol.variant``):
+
+- ``lmms-eval`` (the default) follows lmms-eval 0.7.2's ``mmau_test_mini`` task
+  (unchanged since 0.7.1): its prompt asking for the letter, 128 greedy tokens, and
+  its denominator, every row. lmms-eval reads "(X)", then " X ", then "X." for X in A-D
+  only, so a fifth choice is never read, and when it finds none it guesses a letter at
+  random. Here omni_rl's ``multiple_choice`` parser reads the answer: every letter up
+  to the number of choices, or a choice's text; an answer naming none is wrong (and
+  ``accuracy_answered`` leaves it out), never a guess.
+- ``official`` scores as MMAU's own ``evaluation.py`` does (Sakshi113/MMAU): the
+  answer's words must hold every word of the right choice and none of the words only
+  the other choices have (reward type ``choice_words``), over every row. A letter alone
+  is never right there, so this protocol's prompt asks for the choice's text.
+
+``answer_parser: choice_text`` (R1-AQA's reward: the choice's text, a letter is not an
+answer) works under either prompt.
 """
 
 from __future__ import annotations
@@ -15,10 +28,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from omni_rl.benchmarks.base import (
+    ACCURACIES,
+    LETTERS,
+    LMMS_EVAL,
     Benchmark,
     Protocol,
     Reading,
     Scored,
+    Variant,
     accuracy,
     grouped,
     lettered,
@@ -35,6 +52,30 @@ PROTOCOL = Protocol(
     answer_parser="multiple_choice",
     metric="accuracy",
 )
+VARIANTS = {
+    "lmms-eval": Variant(
+        follows=f"lmms-eval {LMMS_EVAL}, lmms_eval/tasks/mmau",
+        parser=(
+            "lmms-eval: '(X)', then ' X ', then 'X.' for X in A-D only, a random letter when none is found; here "
+            "omni_rl's multiple_choice parser, every letter of the choices or a choice's text, and no guess"
+        ),
+        denominator="every row",
+        metric="accuracy",
+    ),
+    "official": Variant(
+        follows="MMAU's evaluation.py (Sakshi113/MMAU, 7468292)",
+        parser="the answer's words hold every word of the right choice and none only the others have (choice_words)",
+        denominator="every row with a response",
+        metric="accuracy",
+        overrides={
+            "answer_parser": "choice_words",
+            "prompt": "{question}\nChoices:\n{choices}\nAnswer with the text of the correct choice.",
+        },
+    ),
+}
+# parsers whose gold answer is the choice's text: a letter would be ambiguous among
+# choices that are letters themselves (root notes "C", "D", "G", "A")
+TEXT_PARSERS = ("choice_text", "choice_words")
 
 
 def read(root: Path, protocol: Protocol) -> Reading:
@@ -55,13 +96,13 @@ def read(root: Path, protocol: Protocol) -> Reading:
         if not audio.is_file():
             reading.fail(row_id, where, f"audio {record.get('audio_id')} not found under {root}")
             continue
-        category = record.get("category")
+        gold, category = choices.index(record["answer"]), record.get("category")
         row = {
             "id": row_id,
             "origin": where,
             "problem": str(record.get("question", "")),
             "problem_type": "multiple_choice",
-            "answer": "ABCDEFGHIJ"[choices.index(record["answer"])],
+            "answer": record["answer"] if protocol.answer_parser in TEXT_PARSERS else LETTERS[gold],
             "options": choices,
             "audios": [str(audio.resolve())],
             "task": record.get("task"),
@@ -71,7 +112,8 @@ def read(root: Path, protocol: Protocol) -> Reading:
             "dataset": record.get("dataset"),
             "data_source": f"mmau/{record.get('task')}",
         }
-        row["benchmark_prompt"] = render(protocol, row, options=lettered(choices))
+        listed = "\n".join(f"- {choice}" for choice in choices)
+        row["benchmark_prompt"] = render(protocol, row, options=lettered(choices), choices=listed)
         reading.rows.append(row)
     return reading
 
@@ -90,7 +132,8 @@ register_benchmark(
         protocol=PROTOCOL,
         read=read,
         aggregate=aggregate,
-        metrics=("accuracy", "accuracy_answered"),
+        metrics=ACCURACIES,
         layout="mmau-test-mini.json and test-mini-audios/<id>.wav",
+        variants=VARIANTS,
     )
 )

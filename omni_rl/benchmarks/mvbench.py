@@ -5,6 +5,14 @@ Layout: ``json/<task>.json`` (a list of ``{"video", "question", "candidates",
 ``end``) and the videos either as the ``main`` branch's zips extract them
 (``video/<folder>/...``, the official notebook's folders) or as the ``video`` branch
 holds them (``<folder>/...`` with pre-cut ``*_segment`` clips, lmms-eval's folders).
+
+Scoring follows lmms-eval 0.7.2's ``mvbench`` task (unchanged since 0.7.1): its prompt,
+16 greedy tokens, and its denominator, the rows whose response is not empty
+(``accuracy_responded``); overall is the mean of the tasks' accuracies. The answer is
+read by omni_rl's ``multiple_choice`` parser, not lmms-eval's ``mcq_acc``, which reads
+"X. text" as X and otherwise the first standalone letter A-E anywhere, case folded: it
+reads "A person ... so the answer is C" and "a dog" as A, where omni_rl reads C and
+no letter.
 """
 
 from __future__ import annotations
@@ -13,10 +21,13 @@ import logging
 from pathlib import Path
 
 from omni_rl.benchmarks.base import (
+    ACCURACIES,
+    LMMS_EVAL,
     Benchmark,
     Protocol,
     Reading,
     Scored,
+    Variant,
     accuracy,
     grouped,
     lettered,
@@ -59,7 +70,16 @@ PROTOCOL = Protocol(
     prompt="Question:{question}\nOption:\n{options}\nOnly give the best option.\n",
     max_new_tokens=16,
     answer_parser="multiple_choice",
-    metric="accuracy",
+    metric="accuracy_responded",
+)
+LMMS_EVAL_SCORING = Variant(
+    follows=f"lmms-eval {LMMS_EVAL}, lmms_eval/tasks/mvbench",
+    parser=(
+        "lmms-eval's mcq_acc: 'X. text' is X, else the first standalone letter A-E, case folded; here omni_rl's "
+        "multiple_choice parser, which reads a stated answer after reasoning and never the article 'A' as option A"
+    ),
+    denominator="rows whose response is not empty (lmms-eval drops empty responses only)",
+    metric="accuracy_responded",
 )
 
 
@@ -129,7 +149,8 @@ MVBENCH = register_benchmark(
         protocol=PROTOCOL,
         read=read,
         aggregate=aggregate,
-        metrics=("accuracy", "accuracy_answered"),
+        metrics=ACCURACIES,
         layout="json/<task>.json and the videos under video/<folder>/ or <folder>/",
+        variants={"lmms-eval": LMMS_EVAL_SCORING},
     )
 )

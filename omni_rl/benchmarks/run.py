@@ -51,7 +51,7 @@ def prepare(
     wrote the same file). ``limit``: keep that many rows, spread evenly over the
     benchmark (and its tasks)."""
     benchmark = BENCHMARKS.get(name)
-    protocol = benchmark.protocol.overridden(overrides or {})
+    protocol = benchmark.protocol_for(overrides or {})
     root = Path(data).resolve()
     reading: Reading = benchmark.load(root, protocol)
     reading.rows = spread(reading.rows, limit)
@@ -149,7 +149,9 @@ def score(prepared: Prepared, answers: dict[str, list[str]]) -> list[Scored]:
 
 def results(prepared: Prepared, scored: list[Scored], failures: list[RowFailure], config: dict) -> dict:
     """lmms-eval's results layout (results, configs, n-samples, higher_is_better,
-    config) plus the rows that could not be scored and why."""
+    config) plus the rows that could not be scored and why. ``configs.<task>.follows``
+    names the scorer the protocol follows (the lmms-eval release, its parser and its
+    denominator) and whether ``protocol.metric`` divides by the same rows."""
     name, protocol = prepared.benchmark.name, prepared.protocol
     aggregate = prepared.benchmark.aggregate(scored, protocol.metric)
     failed = prepared.failures + failures
@@ -164,6 +166,7 @@ def results(prepared: Prepared, scored: list[Scored], failures: list[RowFailure]
                 "layout": prepared.benchmark.layout,
                 "protocol": dataclasses.asdict(protocol),
                 "overrides": config.get("overrides", {}),
+                "follows": _follows(prepared),
             }
         },
         "n-samples": {name: {"original": original, "effective": len(scored)}},
@@ -176,6 +179,19 @@ def results(prepared: Prepared, scored: list[Scored], failures: list[RowFailure]
         },
         "deviations": prepared.deviations,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _follows(prepared: Prepared) -> dict:
+    """The protocol's reference scorer, as the results record it."""
+    variant = prepared.benchmark.variants[prepared.protocol.variant]
+    return {
+        "variant": prepared.protocol.variant,
+        "follows": variant.follows,
+        "parser": variant.parser,
+        "denominator": variant.denominator,
+        "metric": variant.metric,
+        "same_denominator": prepared.protocol.metric == variant.metric,
     }
 
 
@@ -210,8 +226,11 @@ def table(summary: dict) -> str:
     """The aggregate scores, one per line, and how many rows they cover."""
     name, scores = next(iter(summary["results"].items()))
     counts = summary["n-samples"][name]
+    follows = summary["configs"][name]["follows"]
     lines = [
-        f"{name}: {counts['effective']} of {counts['original']} rows scored ({summary['skipped']['count']} skipped)"
+        f"{name}: {counts['effective']} of {counts['original']} rows scored ({summary['skipped']['count']} skipped)",
+        f"  protocol {follows['variant']}: follows {follows['follows']}"
+        + ("" if follows["same_denominator"] else f" (its denominator is metric {follows['metric']})"),
     ]
     lines += [f"  {key.removesuffix(',none'):<48}{value:>10.3f}" for key, value in scores.items() if key != "alias"]
     return "\n".join(lines)

@@ -8,6 +8,15 @@ subtitles as ``subtitle/<videoID>.srt``.
 With subtitles, the prompt holds the subtitle lines shown at the sampled frames'
 times (Video-MME's rule), frames spread as ``protocol.nframes`` (or the video's
 length x ``fps``) over the video.
+
+Scoring follows lmms-eval 0.7.2's ``videomme`` tasks: their prompts, 16 greedy tokens
+and their denominator, every row (``accuracy``; 0.7.1 counted every row too). The answer
+is read by omni_rl's ``multiple_choice`` parser. lmms-eval 0.7.2 reads it with its
+shared ``extract_mcq_answer``, which ranks the letters it finds and puts a leading one
+first ("A person ... so the answer is C" reads A; omni_rl reads C); lmms-eval 0.7.1
+and Video-MME's own ``eval_your_results.py`` take the first capital A-D after
+removing "The answer is"-like prefixes. Video-MME's own script counts only the rows
+where it finds a letter: ``--set protocol.metric=accuracy_answered`` divides so.
 """
 
 from __future__ import annotations
@@ -16,10 +25,13 @@ import re
 from pathlib import Path
 
 from omni_rl.benchmarks.base import (
+    ACCURACIES,
+    LMMS_EVAL,
     Benchmark,
     Protocol,
     Reading,
     Scored,
+    Variant,
     accuracy,
     find_table,
     grouped,
@@ -51,6 +63,15 @@ SUBTITLE_PROTOCOL = Protocol(
     + "\n{question}\n{options}\nThe best answer is:",
     max_new_tokens=16,
     answer_parser="multiple_choice",
+    metric="accuracy",
+)
+LMMS_EVAL_SCORING = Variant(
+    follows=f"lmms-eval {LMMS_EVAL}, lmms_eval/tasks/videomme",
+    parser=(
+        "lmms-eval 0.7.2's extract_mcq_answer (ranked formats, a leading letter first; 0.7.1 and Video-MME's "
+        "script: the first capital A-D); here omni_rl's multiple_choice parser"
+    ),
+    denominator="every row (Video-MME's own script: rows where it finds a letter, metric accuracy_answered)",
     metric="accuracy",
 )
 SRT_TIME = re.compile(r"(\d+):(\d+):(\d+)[,.](\d+)\s*-->\s*(\d+):(\d+):(\d+)[,.](\d+)")
@@ -165,9 +186,15 @@ def aggregate(scored: list[Scored], metric: str) -> dict[str, float]:
 
 
 LAYOUT = "videomme/test-*.parquet, data/<videoID>.mp4 and (with subtitles) subtitle/<videoID>.srt"
-register_benchmark(Benchmark("videomme", PROTOCOL, reader(False), aggregate, ("accuracy", "accuracy_answered"), LAYOUT))
-register_benchmark(
-    Benchmark(
-        "videomme_w_subtitle", SUBTITLE_PROTOCOL, reader(True), aggregate, ("accuracy", "accuracy_answered"), LAYOUT
+for name, protocol, with_subtitles in (("videomme", PROTOCOL, False), ("videomme_w_subtitle", SUBTITLE_PROTOCOL, True)):
+    register_benchmark(
+        Benchmark(
+            name=name,
+            protocol=protocol,
+            read=reader(with_subtitles),
+            aggregate=aggregate,
+            metrics=ACCURACIES,
+            layout=LAYOUT,
+            variants={"lmms-eval": LMMS_EVAL_SCORING},
+        )
     )
-)

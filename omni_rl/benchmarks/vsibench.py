@@ -7,6 +7,16 @@ the videos as ``<dataset>/<scene_name>.mp4``.
 
 Multiple-choice types score accuracy; numeric types score the mean relative accuracy
 (MRA) over thresholds 0.50, 0.55, ..., 0.95, as VSI-Bench's code computes it.
+
+Scoring follows lmms-eval 0.7.2's ``vsibench`` task: its prompt, 16 greedy tokens, its
+denominator (every row) and its aggregation (per type, the three relative-direction
+types averaged into one, overall the mean of the eight). lmms-eval reads the first
+word of the response, a trailing period dropped: a choice is right when that word is
+the letter, a number is that word as a float (0.7.2; its later main branch reads the
+first number). Here choices go through omni_rl's ``multiple_choice`` parser and
+numbers through ``regression``'s, which reads the last number: the two agree on the
+one-word answers the prompt asks for, and omni_rl also reads "B. table" or "about 4
+meters" ("about" scores 0 in lmms-eval).
 """
 
 from __future__ import annotations
@@ -17,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from omni_rl.benchmarks.base import (
+    LMMS_EVAL,
     Benchmark,
     Protocol,
     Reading,
     Scored,
+    Variant,
     find_table,
     grouped,
     lettered,
@@ -48,6 +60,15 @@ PROTOCOL = Protocol(
     prompt="These are frames of a video.\n{question}\n{options}{post_prompt}",
     max_new_tokens=16,
     answer_parser="auto",
+    metric="vsibench",
+)
+LMMS_EVAL_SCORING = Variant(
+    follows=f"lmms-eval {LMMS_EVAL}, lmms_eval/tasks/vsibench",
+    parser=(
+        "lmms-eval: the first word, a trailing period dropped (the letter, or float() of it); here omni_rl's "
+        "multiple_choice parser and regression's number parser (the last number)"
+    ),
+    denominator="every row; per type, relative directions averaged, overall the mean of the eight",
     metric="vsibench",
 )
 # as VSI-Bench computes them: numpy.linspace(0.50, 0.95, 10)
@@ -138,6 +159,7 @@ register_benchmark(
         aggregate=aggregate,
         metrics=("vsibench",),
         layout="test-*.parquet (or test.jsonl) and <dataset>/<scene_name>.mp4",
+        variants={"lmms-eval": LMMS_EVAL_SCORING},
         score=score,
     )
 )

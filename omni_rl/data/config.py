@@ -69,8 +69,9 @@ class DataConfig:
     shuffle: bool = True
     """Visit the rows in a seeded random order, reshuffled every epoch."""
     strict: bool = False
-    """A row that cannot be used (schema, answer, media, a key that looks misspelt) is
-    an error before training instead of a reported skip."""
+    """A row that cannot be used is an error instead of a reported skip: at load (schema,
+    answer, media paths, a key that looks misspelt, a row preprocess could not cache)
+    and when it is read (media that do not decode, a prompt that does not encode)."""
     columns: dict[str, str] = field(default_factory=dict)
     """The dataset's own keys renamed to the row schema's, e.g. {question: problem,
     video: videos}; applies to data.train, data.eval rows and preprocess --config."""

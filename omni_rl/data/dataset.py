@@ -15,6 +15,11 @@ cache_mode:
     cache_only    read cached entries only; raw media may be deleted. A medium the
                   index cannot name is an error naming the row, the file and why
     no_cache      always decode the raw files
+
+Bad rows never stop a run. A row found unusable when the dataset loads is refused
+(``failures``, counted in data/rows_refused); one that fails as it is read (its media
+do not decode, its prompt does not encode) is a ``BadRow``, which ``encoded`` reports
+once, counts in skipped/bad_rows and skips. ``strict`` makes either an error.
 """
 
 from __future__ import annotations
@@ -29,18 +34,26 @@ import numpy as np
 
 from omni_rl.errors import OmniRLError
 from omni_rl.models.inputs import encode_prompts
+from omni_rl.preprocess.audio import SAMPLE_RATE
 from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.index import DatasetIndex, IndexMiss
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
-from omni_rl.preprocess.rows import Row, RowFailure, read_rows
+from omni_rl.preprocess.rows import Row, RowFailure, read_failures, read_rows
 from omni_rl.preprocess.video import VideoClip
 from omni_rl.rewards import check_targets
 
 log = logging.getLogger(__name__)
 
 
-class SkippedRow(OmniRLError):
-    """A row that cannot be used as the config asks (reported, then skipped)."""
+class BadRow(OmniRLError):
+    """A row that fails as it is read: its media do not decode, its prompt does not
+    encode, or it asks for what its media lack (``media.missing_video_audio: skip``).
+    ``MediaDataset.encoded`` reports it once, counts it and skips it."""
+
+    def __init__(self, failure: RowFailure):
+        where = f"{failure.path}: " if failure.path else ""
+        super().__init__(f"{where}row '{failure.id}': {failure.reason}")
+        self.failure = failure
 
 
 CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
@@ -72,6 +85,8 @@ class Sample:
     options: list[str] | None = None
     data_source: str | None = None
     fields: dict = field(default_factory=dict, repr=False)
+    source: str = ""
+    """Where its row was read (``file:line``), for errors."""
 
 
 DEFAULT_TEMPLATE = "{problem}{options}"
@@ -151,9 +166,12 @@ class MediaDataset:
       letter beyond the options...) is a failure;
     - the media: a path that escapes the dataset's folder, a missing file (unless the
       cache index names its entry), or under ``cache_only`` a medium the index cannot
-      name (saying which media setting differs) is a failure.
+      name (saying which media setting differs) is a failure;
+    - the cache's ``failures.jsonl``: a row that preprocess could not cache (the same
+      file, line and id) is a failure, with the reason preprocess recorded.
     Each failure is logged (file:row id: reason) and kept in ``failures``; its row is
-    skipped (``strict``: the first is an error).
+    skipped (``strict``: the first is an error). Rows that fail later, as they are
+    read, are ``bad`` (see ``encoded``).
     """
 
     def __init__(
@@ -194,8 +212,11 @@ class MediaDataset:
         _refuse_unknown_types(self.data, problems)
         self._drop([RowFailure(p.id, p.path, p.reason) for p in problems])
         self._drop(self._media_failures())
+        self._drop(self._cached_failures())
         if self.failures:
             _report(self.data, self.failures, strict)
+        self.strict = strict
+        self.bad: dict[str, RowFailure] = {}  # row id -> why it failed as it was read
         self.prompt_template = prompt_template
         for row in self.rows:
             render_prompt(prompt_template, row)  # a template naming a missing field fails here
@@ -204,6 +225,7 @@ class MediaDataset:
         self.cache_corrupt = 0
         self.index_misses = 0
         self.videos_without_sound = 0
+        self.audio_cut = 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -239,6 +261,30 @@ class MediaDataset:
         if not path.is_file():
             raise OmniRLError(f"{path}: no such file")
 
+    def _cached_failures(self) -> list[RowFailure]:
+        """Rows that the last preprocess run into the cache listed in its
+        ``failures.jsonl`` (matched by file, line and id, so a duplicate id's first row
+        is not taken for its refused copy), refused now rather than failing when drawn.
+
+        A failure recorded under a relative path from another working directory does
+        not match; its row is then skipped when it fails to decode (see ``encoded``)."""
+        if self.cache is None:
+            return []
+        listed = self.cache.root / "failures.jsonl"
+        here = self.data.resolve()
+        failed = {}
+        for failure in read_failures(listed):
+            file, _, line = failure.path.rpartition(":")
+            if failure.id is not None and file and Path(file).resolve() == here:
+                failed[failure.id, line] = failure.reason
+        refused = []
+        for row in self.rows:
+            reason = failed.get((row.id, row.source.rpartition(":")[2]))
+            if reason is not None:
+                why = f"{reason} (preprocess could not cache it, {listed}: fix the media and preprocess again)"
+                refused.append(RowFailure(row.id, row.source, why))
+        return refused
+
     def load_report(self) -> dict[str, int]:
         """Rows read, used and refused at load (read = used + refused)."""
         return {"data/rows_read": self.read, "data/rows_used": len(self.rows), "data/rows_refused": len(self.failures)}
@@ -261,24 +307,75 @@ class MediaDataset:
 
     def cache_metrics(self) -> dict[str, int]:
         """Reads so far: from the cache, decoded from raw files, and found by hashing the
-        source because the index could not name the entry; and videos used without the
-        sound their row asked for (``missing_video_audio: video_only``)."""
+        source because the index could not name the entry; videos used without the
+        sound their row asked for (``missing_video_audio: video_only``); sounds cut at
+        ``media.max_audio_seconds``; and bad rows skipped (each counted once, on the
+        process that found it)."""
         return {
             "data/cache_hits": self.cache_hits,
             "data/cache_misses": self.cache_misses,
             "data/index_misses": self.index_misses,
             "data/cache_corrupt": self.cache_corrupt,
             "data/videos_without_sound": self.videos_without_sound,
+            "data/audio_cut": self.audio_cut,
+            "skipped/bad_rows": len(self.bad),
         }
+
+    def encoded(self, index: int, processor) -> tuple[Sample, dict] | None:
+        """Row ``index`` as a sample with its model inputs, or None for a bad row (its
+        media do not decode, its prompt does not encode: a ``BadRow``).
+
+        A bad row is logged once (file, row, reason; the first ``MAX_REPORTED``, then a
+        count), counted in ``skipped/bad_rows`` and skipped from then on without being
+        read again; under ``strict`` it is an error naming it. Any other exception is
+        a bug, not a bad row, and is raised."""
+        row = self.rows[index]
+        if row.id in self.bad:
+            return None
+        try:
+            sample = self[index]
+            return sample, dict(encode_sample(processor, sample))
+        except BadRow as bad:
+            if self.strict:
+                raise OmniRLError(f"{bad} (data.strict: a bad row stops the run)") from None
+            self.bad[row.id] = bad.failure
+            if len(self.bad) <= MAX_REPORTED:
+                log.warning("%s (row skipped; counted in skipped/bad_rows)", bad)
+            elif len(self.bad) == MAX_REPORTED + 1:
+                log.warning("%s: more bad rows skipped, not logged (skipped/bad_rows counts them all)", self.data)
+            return None
+
+    def _sound(self, row: Row, kind: str, path: Path, tensors: dict, meta: dict) -> np.ndarray:
+        """An audio clip or a video's own sound; one that went on past
+        ``media.max_audio_seconds`` was cut there: counted, and the first one logged."""
+        limit = self.budgets.max_audio_seconds
+        # an entry cached before cuts were recorded: a sound that fills the budget was cut
+        cut = meta.get("cut", round(meta["seconds"] * SAMPLE_RATE) >= int(limit * SAMPLE_RATE))
+        if cut:
+            if not self.audio_cut:
+                lost = (
+                    "the video's later frames are seen without it" if kind == "video_audio" else "the rest is not heard"
+                )
+                log.warning(
+                    "%s: row '%s': %s: the sound is cut at media.max_audio_seconds (%g s) and %s "
+                    "(raise media.max_audio_seconds to keep it; counted in data/audio_cut)",
+                    row.source,
+                    row.id,
+                    path,
+                    limit,
+                    lost,
+                )
+            self.audio_cut += 1
+        return tensors["audio"].numpy()
 
     def _video_sound(self, row: Row, path: Path, tensors: dict, meta: dict):
         """A video's own sound track, or None when it has none and the config says to
-        use the video without it (else the row is skipped)."""
+        use the video without it (else the row is bad)."""
         if not meta.get("missing"):
-            return tensors["audio"].numpy()
+            return self._sound(row, "video_audio", path, tensors, meta)
         reason = f"{path}: the row asks for the video's sound and the video has no audio track"
         if self.budgets.missing_video_audio == "skip":
-            raise SkippedRow(f"{row.source}: row '{row.id}': {reason} (media.missing_video_audio: skip)")
+            raise BadRow(RowFailure(row.id, row.source, f"{reason} (media.missing_video_audio: skip)"))
         if not self.videos_without_sound:
             log.warning(
                 "%s: row '%s': %s; using it without sound (media.missing_video_audio: video_only; "
@@ -318,12 +415,14 @@ class MediaDataset:
         return {name: _as_tensor(a) for name, a in tensors.items()}, meta
 
     def _row_media(self, row: Row) -> list[tuple[str, Path, dict, dict]]:
-        """(kind, path, tensors, metadata) of every medium of a row; errors name the row."""
+        """(kind, path, tensors, metadata) of every medium of a row. A medium that cannot
+        be read (the decoders turn every failure of a file into an ``OmniRLError`` that
+        names it; a cache entry missing under ``cache_only``) makes the row bad."""
         try:
             media = row_media(row, self.data.parent, self.budgets)
             return [(kind, path, *self._medium(row, i, kind, path)) for i, (kind, path) in enumerate(media)]
         except OmniRLError as err:
-            raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
+            raise BadRow(RowFailure(row.id, row.source, str(err))) from None
 
     def __getitem__(self, index: int) -> Sample:
         row = self.rows[index]
@@ -335,6 +434,7 @@ class MediaDataset:
             options=row.fields.get("options"),
             data_source=row.fields.get("data_source"),
             fields=row.fields,
+            source=row.source,
         )
         kinds = []
         for kind, path, tensors, meta in self._row_media(row):
@@ -350,7 +450,7 @@ class MediaDataset:
                         **sample.fields,
                     }
             elif kind == "audio":
-                sample.audios.append(tensors["audio"].numpy())
+                sample.audios.append(self._sound(row, kind, path, tensors, meta))
             else:  # video_audio
                 sample.video_audios.append(self._video_sound(row, path, tensors, meta))
             if kind != "video_audio":
@@ -360,7 +460,7 @@ class MediaDataset:
         try:
             sample.messages = build_messages(render_prompt(self.prompt_template, row), kinds)
         except OmniRLError as err:
-            raise OmniRLError(f"{row.source}: row '{row.id}': {err}") from None
+            raise BadRow(RowFailure(row.id, row.source, str(err))) from None
         return sample
 
 
@@ -403,7 +503,13 @@ def _as_tensor(array: np.ndarray):
 
 
 def encode_sample(processor, sample: Sample):
-    """Model inputs (a batch of one) for a sample's prompt; errors name the row."""
+    """Model inputs (a batch of one) for a sample's prompt.
+
+    Raises:
+        BadRow: naming the row, when its prompt cannot be encoded: media the model
+            cannot take (``OmniRLError``), or media the processor refuses (processors
+            check their inputs with ``ValueError``). Other errors are bugs and pass.
+    """
     try:
         return encode_prompts(
             processor,
@@ -413,5 +519,6 @@ def encode_sample(processor, sample: Sample):
             audios=sample.audios,
             video_audios=sample.video_audios,
         )
-    except OmniRLError as err:
-        raise OmniRLError(f"row '{sample.id}': {err}") from None
+    except (OmniRLError, ValueError) as err:
+        reason = str(err) if isinstance(err, OmniRLError) else f"{type(processor).__name__} cannot encode it: {err}"
+        raise BadRow(RowFailure(sample.id, sample.source, reason)) from None

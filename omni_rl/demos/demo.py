@@ -27,7 +27,7 @@ from omni_rl.models.inputs import append_completion, encode_prompts
 from omni_rl.preprocess.synthetic import moving_square, write_video
 from omni_rl.preprocess.video import VideoBudget, read_video
 from omni_rl.recipes.common import MetricsLog
-from omni_rl.runtime import resolve_device, seed_everything, set_threads
+from omni_rl.runtime import apply_run_settings, resolve_device, seed_everything
 
 QUESTION = "Which way does the red square move? Answer with one word: left, right, up or down."
 
@@ -73,7 +73,7 @@ def main(cfg: DemoConfig) -> dict:
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
+    apply_run_settings(cfg.run)
     seed_everything(cfg.run.seed)
 
     # MODEL: a tiny random-init model written to disk and loaded back, or model.path

@@ -25,7 +25,7 @@ from omni_rl.models import load
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.scenes import write_video_qa
 from omni_rl.recipes import grpo, sft
-from omni_rl.runtime import set_threads
+from omni_rl.runtime import apply_run_settings
 
 
 def split_rows(data: Path, fraction: float, out: Path) -> Path:
@@ -116,27 +116,26 @@ def write_summary(out: Path, after_sft: dict, after_rl: dict, started: float, **
     return summary
 
 
-def begin(cfg) -> tuple[float, Path]:
-    """(start time, output directory) of a quickstart run: the directory made, the
-    resolved config saved in it, the thread count set."""
+def begin(cfg) -> tuple[float, Path, dict]:
+    """(start time, output directory, runtime settings in force) of a quickstart run:
+    the directory made, the resolved config saved in it, threads and CPU kernels set."""
     started = time.perf_counter()
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
-    return started, out
+    return started, out, apply_run_settings(cfg.run)
 
 
 def main(cfg: QuickstartConfig) -> dict:
     """Run the quickstart; returns (and writes) its summary."""
-    started, out = begin(cfg)
+    started, out, runtime = begin(cfg)
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
     train = _write_split(d, out / "data" / "train", d.train_videos, cfg.run.seed)
     heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
     after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
-    return write_summary(out, after_sft, after_rl, started, blank_frames=d.blank_frames)
+    return write_summary(out, after_sft, after_rl, started, blank_frames=d.blank_frames, runtime=runtime)
 
 
 def _plots(out: Path) -> None:

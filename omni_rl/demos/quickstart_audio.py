@@ -17,11 +17,11 @@ from omni_rl.preprocess.sounds import write_audio_qa
 
 def main(cfg: AudioQuickstartConfig) -> dict:
     """Run the audio quickstart; returns (and writes) its summary."""
-    started, out = begin(cfg)
+    started, out, runtime = begin(cfg)
     d = cfg.data
     # DATA: tone clips with known answers; the held-out split is drawn with another seed
     train = write_audio_qa(out / "data" / "train", d.train_clips, cfg.run.seed, silent=d.silent)
     heldout = write_audio_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, silent=d.silent)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
     after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout, tiny_audio_seconds=cfg.model.audio_seconds)
-    return write_summary(out, after_sft, after_rl, started, silent=d.silent)
+    return write_summary(out, after_sft, after_rl, started, silent=d.silent, runtime=runtime)

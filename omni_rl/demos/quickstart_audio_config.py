@@ -87,7 +87,9 @@ class AudioQuickstartConfig:
     eval, GRPO, eval."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(name="quickstart_audio", output_dir="runs/quickstart_audio", threads=2)
+        default_factory=lambda: RunConfig(
+            name="quickstart_audio", output_dir="runs/quickstart_audio", threads=2, cpu_kernels="avx2"
+        )
     )
     """Output directory, seed and hardware (of both phases)."""
     media: MediaConfig = field(default_factory=lambda: MediaConfig(family="qwen2_audio", max_audio_seconds=2.0))

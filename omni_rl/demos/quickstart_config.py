@@ -123,7 +123,9 @@ class QuickstartConfig:
     """``omni-rl quickstart``: synthetic data, cache, tiny model, SFT, eval, GRPO, eval."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(name="quickstart", output_dir="runs/quickstart", threads=2)
+        default_factory=lambda: RunConfig(
+            name="quickstart", output_dir="runs/quickstart", threads=2, cpu_kernels="avx2"
+        )
     )
     """Output directory, seed and hardware (of both phases)."""
     media: MediaConfig = field(

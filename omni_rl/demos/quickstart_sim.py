@@ -20,7 +20,7 @@ from omni_rl.config import config_from_dict, save_config, to_dict
 from omni_rl.demos.quickstart_sim_config import QuickstartSimConfig
 from omni_rl.recipes import flow_ppo
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
-from omni_rl.runtime import set_threads
+from omni_rl.runtime import apply_run_settings
 from omni_rl.sim.experts import DEMO_SEED, collect_demos
 
 # seed S's demonstrations start at DEMO_SEED + DEMO_SEED_STRIDE * S
@@ -33,7 +33,7 @@ def main(cfg: QuickstartSimConfig) -> dict:
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    set_threads(cfg.run.threads)
+    runtime = apply_run_settings(cfg.run)
     runs = []
     for seed in range(cfg.run.seed, cfg.run.seed + cfg.seeds):
         runs.append(run_seed(cfg, seed, out / f"seed_{seed}"))
@@ -43,11 +43,14 @@ def main(cfg: QuickstartSimConfig) -> dict:
         )
     summary = {
         "task": cfg.env.task,
-        "method": cfg.policy.method if cfg.policy.method == "flow_noise" else f"flow_sde_{cfg.policy.sde_mode}",
+        "method": cfg.policy.method
+        if cfg.policy.method == "flow_noise"
+        else f"flow_sde_{cfg.policy.setting('sde_mode')}",
         "heldout_episodes": cfg.trainer.eval_episodes,
         "demo_episodes": cfg.demo_episodes,
         "seeds": runs,
         **spread(runs),
+        "runtime": runtime,
         "seconds": round(time.perf_counter() - started, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from omni_rl.config import require
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.recipes import register_recipe
-from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConfig
+from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConfig, check_policy_and_ppo
 from omni_rl.runtime import RunConfig
 from omni_rl.sim.config import SimEnvConfig
 
@@ -58,3 +58,4 @@ class QuickstartSimConfig:
     def __post_init__(self):
         require(self.demo_episodes >= 1, "demo_episodes", "must be >= 1")
         require(self.seeds >= 1, "seeds", "must be >= 1")
+        check_policy_and_ppo(self.policy, self.ppo)

@@ -9,25 +9,31 @@ Layout: ``OUTPUT_DIR/checkpoints/step-00000010/``
     rng/rank-K.pt     rank K's torch RNG states (``torch.load(weights_only=True)``)
     rng/rank-K.json   rank K's Python and NumPy RNG states
     state.json        step, process count, engine counters and schedule, data position,
-                      recipe extras; written last
+                      recipe extras, and every other file's size; written last
 
 Nothing here is read with pickle. The directory is written under a temporary name and
 renamed into place by rank 0 after every rank finished, so a run killed mid-write keeps
-its previous checkpoint; ``latest`` finds the newest complete one. Resuming needs the
-same number of processes (each rank's RNG and data position are its own).
+its previous checkpoint, and a full disk (``DiskFull``) leaves no temporary directory.
+``damage`` says which file of a checkpoint is missing, truncated or unreadable;
+``latest`` finds the newest complete one. Resuming needs the same number of processes
+(each rank's RNG and data position are its own).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -35,10 +41,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import OmniRLError, stop_on_disk_full
 
 PREFIX = "step-"
 
@@ -80,16 +87,78 @@ def _set_rng_state(tensors: dict, states: dict) -> None:
     random.setstate((version, tuple(state), gauss))
 
 
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes this process holds of ``tensors`` (a DTensor: its local shard)."""
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """One small file of a checkpoint (a full disk raises ``DiskFull`` naming it)."""
+    with stop_on_disk_full(path, len(data)):
+        path.write_bytes(data)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file under ``directory`` to disk (before it is renamed into place)."""
+    with stop_on_disk_full(directory):  # a network file system may report a full disk only here
+        for path in directory.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+
+
+def _aside(directory: Path) -> Path:
+    return directory.with_name(f".{directory.name}.old")
+
+
+def _replace_dir(tmp: Path, directory: Path) -> None:
+    """Rename the finished ``tmp`` onto ``directory``. A directory cannot be renamed over
+    a non-empty one, so an existing one is renamed aside first and deleted after: a kill
+    between the two renames (no data is written there) leaves it whole beside, where
+    ``restore_interrupted`` puts it back."""
+    old = _aside(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_interrupted(directory: str | Path) -> None:
+    """Put back the previous ``directory`` when a kill came between ``_replace_dir``'s
+    two renames (it is missing and its copy aside is whole)."""
+    directory = Path(directory)
+    if not directory.exists() and _aside(directory).is_dir():
+        os.replace(_aside(directory), directory)
+
+
 def export_model(engine: Engine, directory: Path, processor=None) -> None:
-    """The full weights as a Hugging Face directory (gathered on rank 0, which writes)."""
+    """The full weights as a Hugging Face directory (gathered on rank 0, which writes).
+    Written under a temporary name beside ``directory`` and renamed into place, so a
+    run killed or stopped mid-export keeps the previous export whole; a full disk
+    raises ``DiskFull``."""
     full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if engine.ranks.is_main:
         from omni_rl.models.omni import write_export_note  # transformers: VLM recipes only
 
-        engine.module.save_pretrained(directory, state_dict=full)
-        write_export_note(engine.module, directory)
-        if processor is not None:
-            processor.save_pretrained(directory)
+        directory = Path(directory)
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed export
+        try:
+            with stop_on_disk_full(directory, _nbytes(full.values())):
+                engine.module.save_pretrained(tmp, state_dict=full)
+                write_export_note(engine.module, tmp)
+                if processor is not None:
+                    processor.save_pretrained(tmp)
+            _fsync_tree(tmp)
+            _replace_dir(tmp, directory)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rank_failure(err: CheckpointException) -> BaseException:
+    """The first failing rank's own exception (dcp wraps each with its traceback)."""
+    return min(err.failures.items())[1][0]
 
 
 def save(
@@ -102,47 +171,130 @@ def save(
     export: bool = True,
 ) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this) and prune all but the
-    newest ``keep_last``. ``state``: JSON the recipe needs back (data position, ...).
-    ``export``: also write the Hugging Face directory ``model/``."""
+    newest ``keep_last`` up to it (and any of later steps, left by the history this run
+    resumed before). ``state``: JSON the recipe needs back (data position, ...).
+    ``export``: also write the Hugging Face directory ``model/``.
+
+    Raises:
+        DiskFull: a write found the disk full; the temporary directory is deleted and
+            the earlier checkpoints are untouched.
+    """
     root = Path(output_dir) / "checkpoints"
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".{final.name}.tmp"
     rank = engine.ranks.rank
-    if engine.ranks.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
-    distributed.barrier()
-    flat, groups = _flat_state(engine)
-    writer = dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True)
-    dcp.save(flat, storage_writer=writer, no_dist=not engine.ranks.distributed)
-    rng_tensors, rng_json = _rng_state()
-    torch.save(rng_tensors, tmp / "rng" / f"rank-{rank:05d}.pt")
-    (tmp / "rng" / f"rank-{rank:05d}.json").write_text(json.dumps(rng_json))
-    if export:
-        export_model(engine, tmp / "model", processor)
-    distributed.barrier()
-    if engine.ranks.is_main:
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
-        (tmp / "optimizer.json").write_text(json.dumps(hyper))
-        record = {"step": step, "world_size": engine.ranks.world_size, "engine": engine.state(), **state}
-        (tmp / "state.json").write_text(json.dumps(record))
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir())[:-keep_last]:
-            shutil.rmtree(old)
+    try:
+        if engine.ranks.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            with stop_on_disk_full(tmp):
+                (tmp / "rng").mkdir(parents=True)
+        distributed.barrier()
+        flat, groups = _flat_state(engine)
+        with stop_on_disk_full(tmp / "sharded", _nbytes(flat.values())):
+            writer = dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True)
+            try:
+                dcp.save(flat, storage_writer=writer, no_dist=not engine.ranks.distributed)
+            except CheckpointException as err:
+                raise _rank_failure(err) from err
+        rng_tensors, rng_json = _rng_state()
+        buffer = io.BytesIO()
+        torch.save(rng_tensors, buffer)  # to memory: torch's file writer hides a full disk's errno
+        _write(tmp / "rng" / f"rank-{rank:05d}.pt", buffer.getvalue())
+        _write(tmp / "rng" / f"rank-{rank:05d}.json", json.dumps(rng_json).encode())
+        if export:
+            export_model(engine, tmp / "model", processor)
+        distributed.barrier()
+        if engine.ranks.is_main:
+            hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+            _write(tmp / "optimizer.json", json.dumps(hyper).encode())
+            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            record = {"step": step, "world_size": engine.ranks.world_size, "engine": engine.state(), **state}
+            _write(tmp / "state.json", json.dumps({**record, "files": files}).encode())
+            _fsync_tree(tmp)
+            _replace_dir(tmp, final)
+            # later steps than this one are another history (a run that resumed before
+            # them, e.g. past a damaged checkpoint): --resume auto must not go back there
+            steps = sorted(p for p in root.glob(f"{PREFIX}*") if p.is_dir())
+            kept = [p for p in steps if p.name <= final.name][-keep_last:]
+            for old in steps:
+                if old not in kept:
+                    shutil.rmtree(old)
+    finally:
+        if engine.ranks.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing half-written
     distributed.barrier()
     return final
 
 
+def _unreadable(file: Path) -> str | None:
+    """Why ``file`` does not parse as its kind (safetensors header, JSON, tensors), or None."""
+    try:
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), framework="pt"):
+                pass  # opening reads the header and checks it covers the file
+        elif file.suffix == ".json":
+            json.loads(file.read_text(encoding="utf-8"))
+        elif file.suffix == ".pt":
+            torch.load(file, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in its reader's own ways
+        return f"unreadable ({type(err).__name__}: {err})"
+    return None
+
+
+def damage(path: str | Path) -> str | None:
+    """Why the checkpoint ``path`` cannot be resumed from, as "FILE: reason", or None
+    when it is complete: state.json (written last) reads, every file it lists is there
+    at the size it was written with, every safetensors header, JSON file and RNG state
+    reads. (A flipped bit inside tensor data is not seen: nothing is hashed.)"""
+    path = Path(path)
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        return f"{state_file}: missing (it is written last: the save did not finish)"
+    try:
+        state = json.loads(state_file.read_text())
+        world_size = int(state["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{state_file}: unreadable ({type(err).__name__}: {err})"
+    rng = [path / "rng" / f"rank-{r:05d}.{ext}" for r in range(world_size) for ext in ("pt", "json")]
+    for file in [path / "optimizer.json", *rng, *(path / name for name in state.get("files", {}))]:
+        if not file.is_file():
+            return f"{file}: missing"
+    if not any((path / "sharded").glob("*.safetensors")):
+        return f"{path / 'sharded'}: no shards"
+    for name, size in state.get("files", {}).items():  # checkpoints before omni_rl recorded sizes have none
+        actual = (path / name).stat().st_size
+        if actual != size:
+            return f"{path / name}: {actual:,} bytes where {size:,} were written (truncated or overwritten)"
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and p != state_file):
+        reason = _unreadable(file)
+        if reason is not None:
+            return f"{file}: {reason}"
+    return None
+
+
+def check_complete(path: str | Path) -> None:
+    """Refuse to resume from a damaged checkpoint, in one line naming the file."""
+    problem = damage(path)
+    if problem is not None:
+        raise OmniRLError(f"cannot resume from {path}: {problem}")
+
+
+def newest_complete(output_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint under ``output_dir`` (None when there is none) and,
+    for each newer one passed over, why (see ``damage``)."""
+    root = Path(output_dir) / "checkpoints"
+    passed = []
+    for path in sorted((p for p in root.glob(f"{PREFIX}*") if p.is_dir()), reverse=True):
+        problem = damage(path)
+        if problem is None:
+            return path, passed
+        passed.append(problem)
+    return None, passed
+
+
 def latest(output_dir: str | Path) -> Path | None:
     """The newest complete checkpoint under ``output_dir``, or None."""
-    root = Path(output_dir) / "checkpoints"
-    done = sorted(p for p in root.glob(f"{PREFIX}*") if (p / "state.json").is_file())
-    return done[-1] if done else None
+    return newest_complete(output_dir)[0]
 
 
 def read_state(path: str | Path) -> dict:
@@ -162,13 +314,19 @@ def check_world_size(path: str | Path, world_size: int) -> None:
 
 
 def load(engine: Engine, path: str | Path) -> dict:
-    """Restore weights, optimizer, schedule and this rank's RNG; returns state.json."""
+    """Restore weights, optimizer, schedule and this rank's RNG; returns state.json. A
+    damaged checkpoint is an ``OmniRLError`` naming the file (see ``damage``)."""
     path = Path(path)
+    check_complete(path)
     state = read_state(path)
     check_world_size(path, engine.ranks.world_size)
     flat, groups = _flat_state(engine)
     reader = dcp.HuggingFaceStorageReader(str(path / "sharded"))
-    dcp.load(flat, storage_reader=reader, no_dist=not engine.ranks.distributed)
+    try:
+        dcp.load(flat, storage_reader=reader, no_dist=not engine.ranks.distributed)
+    except CheckpointException as err:  # e.g. shards of another model
+        cause = _rank_failure(err)
+        raise OmniRLError(f"cannot resume from {path}: {path / 'sharded'}: {type(cause).__name__}: {cause}") from err
     model = {k.removeprefix("model."): v for k, v in flat.items() if k.startswith("model.")}
     set_model_state_dict(engine.model, model, options=StateDictOptions(strict=False))
     optim: dict = {"state": {}, "param_groups": groups}

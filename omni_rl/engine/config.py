@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from omni_rl.config import Choice, require
+from omni_rl.config import Choice, ModeDefaults, require, require_unset
 from omni_rl.registry import Registry
 
 Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-pure"]
@@ -17,8 +17,10 @@ Schedule = Literal["constant", "linear", "cosine"]
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(ModeDefaults):
     """The optimization loop and how the engine runs it."""
+
+    UNSET: ClassVar[dict[str, Any]] = {"min_lr_ratio": 0.0}
 
     steps: int = 30
     """Optimizer steps (GRPO and SFT: training steps; each may hold several optimizer
@@ -32,8 +34,9 @@ class TrainerConfig:
     schedule: Schedule = "constant"
     """Learning rate after warm-up: constant, linear decay or cosine decay to
     ``min_lr_ratio`` x lr at the last optimizer step."""
-    min_lr_ratio: float = 0.0
-    """Where linear and cosine schedules end, as a fraction of the peak rate."""
+    min_lr_ratio: float | None = None
+    """Where linear and cosine schedules end, as a fraction of the peak rate; unset: 0.
+    Refused under the constant schedule."""
     save_every: int = 0
     """Write a checkpoint every this many steps (0: only at the end)."""
     keep_last: int = 2
@@ -68,7 +71,9 @@ class TrainerConfig:
         require(self.log_every >= 1, "log_every", "must be >= 1")
         require(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        if self.schedule == "constant":
+            require_unset({"min_lr_ratio": self.min_lr_ratio}, "schedule: constant")
+        require(0 <= self.setting("min_lr_ratio") <= 1, "min_lr_ratio", "must be in [0, 1]")
         require(self.save_every >= 0, "save_every", "must be >= 0")
         require(self.keep_last >= 1, "keep_last", "must be >= 1")
         require(self.eval_every >= 0, "eval_every", "must be >= 0")

@@ -8,7 +8,8 @@ A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batc
   one plain process;
 - precision: fp32, or bf16-mixed (fp32 master weights and optimizer state, bf16
   compute, fp32 gradient reduction: FSDP2's MixedPrecisionPolicy, autocast otherwise),
-  or an explicit pure bf16;
+  or an explicit pure bf16; ``forward_context`` gives calls that bypass the forward
+  (a policy's sampling) the forward's parameters and precision;
 - gradient accumulation: gradients of successive ``backward`` calls add up until
   ``step``; losses are already divided by the global count of what they average over
   (tokens, sequences, samples: see ``omni_rl.algorithms.losses.aggregate``), so the
@@ -16,10 +17,17 @@ A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batc
   what one process computes;
 - the global gradient-norm clip across shards (or one clip per parameter group, for
   models whose parts learn apart, such as an actor and a critic), and a non-finite
-  guard: a step whose
-  gradients hold NaN or inf is skipped (weights and optimizer state untouched), counted,
-  and ``max_bad_steps`` of them in a row stop the run;
-- the optimizer (a registered ``optimizer:`` section) and the learning-rate schedule;
+  guard: a step whose gradients hold NaN or inf is skipped (weights and optimizer state
+  untouched), counted, and ``max_bad_steps`` of them in a row stop the run;
+- the optimizer (a registered ``optimizer:`` section) and the learning-rate schedule,
+  which moves on at every ``step``, a skipped one included, as verl's trainer steps its
+  scheduler whether or not the actor skipped a non-finite update (Megatron-LM holds
+  its schedule instead, for fp16 loss scaling, whose skips are routine; here a skip
+  is rare and ``max_bad_steps`` in a row stop the run). The rate stays the function
+  of the step index that the config describes: a run with a skipped step still ends
+  its decay at ``min_lr_ratio`` on its last step. In the metrics,
+  ``optim/skipped_nonfinite`` counts the skipped steps and ``optim/schedule_step`` the
+  steps the schedule has taken;
 - checkpoints (``omni_rl.engine.checkpoint``).
 """
 
@@ -27,8 +35,9 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -104,7 +113,8 @@ class StepResult:
     skipped: bool
     """The gradients were not finite and the update was skipped."""
     lr: float
-    """Learning rate of the first parameter group used by this step."""
+    """Learning rate of the first parameter group used by this step (skipped: the rate it
+    would have used; the schedule moves on either way)."""
     group_norms: tuple[float, ...] = ()
     """Each parameter group's gradient norm before clipping, where groups clip apart."""
 
@@ -207,7 +217,7 @@ class Engine:
             max_grad_norm=trainer.max_grad_norm,
             schedule=trainer.schedule,
             warmup_steps=trainer.warmup_steps,
-            min_lr_ratio=trainer.min_lr_ratio,
+            min_lr_ratio=trainer.setting("min_lr_ratio"),
             max_bad_steps=trainer.max_bad_steps,
             param_groups=param_groups,
         )
@@ -259,12 +269,15 @@ class Engine:
         return model
 
     @contextmanager
-    def gathered(self):
-        """Full parameters for calls that bypass the model's forward (a policy's
-        ``sample`` method): FSDP2 gathers only inside ``forward``, so this unshards the
-        root's parameters around the block. A no-op for DDP and one process."""
+    def forward_context(self):
+        """The parameters and the precision of the model's forward, for calls that
+        bypass it (a policy's ``sample`` method), so that what a rollout samples is
+        scored alike by the update: FSDP2 gathers only inside ``forward``, so this
+        unshards the root's parameters around the block; bf16-mixed in one process or
+        under DDP autocasts the block as ``forward`` is autocast."""
         if self.strategy != "fsdp":
-            yield
+            with _autocast(self.device) if self._mixed() else nullcontext():
+                yield
             return
         self.module.unshard()
         try:
@@ -298,7 +311,7 @@ class Engine:
         if skipped:
             self.bad_steps += 1
             self.skipped_steps += 1
-            log.warning("non-finite gradient norm (%s): update skipped", grad_norm)
+            log.warning("non-finite gradient norm (%s): update skipped, the learning-rate schedule moves on", grad_norm)
             if self.bad_steps >= self.max_bad_steps:
                 raise OmniRLError(
                     f"{self.bad_steps} optimizer steps in a row had non-finite gradients; "
@@ -307,6 +320,9 @@ class Engine:
         else:
             self.bad_steps = 0
             self.optimizer.step()
+        with warnings.catch_warnings():
+            # a skipped first step moves the schedule before any optimizer step, on purpose
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.strategy == "fsdp":  # free the gathered weights until the next forward
@@ -316,8 +332,14 @@ class Engine:
         return StepResult(grad_norm, skipped, lr, group_norms)
 
     def metrics(self) -> dict:
-        """Run-level counters for the metrics log (and this GPU's peak memory so far)."""
-        row = {"optim/skipped_nonfinite": self.skipped_steps, "optim/lr": self.scheduler.get_last_lr()[0]}
+        """Run-level counters for the metrics log (and this GPU's peak memory so far):
+        skipped non-finite steps, the steps the schedule has taken (skipped ones
+        included) and the rate it gives the next step."""
+        row = {
+            "optim/skipped_nonfinite": self.skipped_steps,
+            "optim/schedule_step": self.scheduler.last_epoch,
+            "optim/lr": self.scheduler.get_last_lr()[0],
+        }
         if self.device.type == "cuda":
             row["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return row
@@ -341,8 +363,13 @@ def _clip(params: list[nn.Parameter], max_norm: float) -> float:
     return float(norm)
 
 
+def _autocast(device: torch.device) -> torch.autocast:
+    """bf16-mixed's compute outside FSDP2: bf16 autocast over fp32 weights."""
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 def _autocast_forward(model: nn.Module, device: torch.device) -> None:
     """bf16-mixed in one process or under DDP: the model's forward (also when
     ``generate`` calls it) runs under bf16 autocast while its weights stay fp32."""
     forward = model.forward
-    model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(forward)
+    model.forward = _autocast(device)(forward)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,6 +263,12 @@ class FlowPolicy(nn.Module):
         """(H, D): one chunk's actions."""
         return self.horizon, self.action_dim
 
+    def times(self, device: torch.device) -> torch.Tensor:
+        """[K] fp32: t at each denoising step, 1 down to ``delta``. Sampling and scoring
+        read this one grid: ``1 - k * delta`` rounded from Python floats differs from the
+        fp32 product in the last bit for K = 5 or 10, which moved the first ratio off 1."""
+        return 1.0 - torch.arange(self.steps, device=device, dtype=torch.float32) * self.delta
+
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("value_head.")]
 
@@ -347,8 +354,9 @@ class FlowPolicy(nn.Module):
             noise = noise.to(device)
             x, stochastic = noise.start, self._stochastic_steps(noise.pick)
         chain, means, stds = [x], [], []
+        times = self.times(device)
         for k in range(self.steps):
-            t = torch.full((n,), 1.0 - k * self.delta, device=device)
+            t = times[k].expand(n)
             v, mean, std = self._transition(x, t, features)
             x = ode_step(x, v, self.delta)
             if noise is not None:
@@ -370,9 +378,11 @@ class FlowPolicy(nn.Module):
 
     def _weights_dtype(self, device: torch.device):
         """Compute in the weights' dtype where it is not fp32: sampling outside
-        ``forward`` sees the bf16 weights FSDP2 gathers under bf16-mixed."""
+        ``forward`` sees the bf16 weights FSDP2 gathers under bf16-mixed. fp32 weights
+        leave the caller's precision alone: under bf16-mixed in one process or DDP the
+        engine's ``forward_context`` autocasts sampling as it does the forward."""
         dtype = next(self.parameters()).dtype
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+        return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
 
     def forward(self, obs: torch.Tensor, *tensors: torch.Tensor, bc: bool = False):
         """The training forward, the call data-parallel wrappers hook:
@@ -390,7 +400,7 @@ class FlowPolicy(nn.Module):
         n, k = chain.shape[0], self.steps
         features = self.encoder(obs)
         x = chain[:, :k].reshape(n * k, self.horizon, self.action_dim)
-        t = (1.0 - torch.arange(k, device=obs.device, dtype=x.dtype) * self.delta).repeat(n)
+        t = self.times(obs.device).to(x.dtype).repeat(n)
         _, mean, std = self._transition(x, t, features.repeat_interleave(k, dim=0))
         mean = mean.view(n, k, self.horizon, self.action_dim)
         std = std.view(n, k, self.horizon, self.action_dim)

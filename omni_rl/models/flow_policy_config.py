@@ -4,14 +4,27 @@ how RL samples it (see ``omni_rl.models.flow_policy``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from omni_rl.config import require
+from omni_rl.config import ModeDefaults, require, require_unset
 
 
 @dataclass
-class FlowPolicyConfig:
-    """The flow-matching action-chunk policy and how RL samples it."""
+class FlowPolicyConfig(ModeDefaults):
+    """The flow-matching action-chunk policy and how RL samples it. Fields of one
+    sampling method (or one PPO mode) are unset by default, meaning their default
+    in that mode, and refused in the others, where they would do nothing."""
+
+    UNSET: ClassVar[dict[str, Any]] = {
+        "sigma_min": 0.08,
+        "sigma_max": 0.16,
+        "noise_steps": "all",
+        "noise_level": 0.5,
+        "sde_mode": "hybrid",
+        "hybrid_step": "last",
+        "value_input": "obs",
+        "logprob": "sum",
+    }
 
     horizon: int = 4
     """Actions per chunk (H)."""
@@ -25,41 +38,43 @@ class FlowPolicyConfig:
     """Observation encoder (registry name)."""
     method: Literal["flow_noise", "flow_sde"] = "flow_noise"
     """Flow-Noise (learned noise head) or Flow-SDE (ODE-to-SDE conversion)."""
-    sigma_min: float = 0.08
-    """Flow-Noise: smallest std of the noise head."""
-    sigma_max: float = 0.16
-    """Flow-Noise: largest std of the noise head."""
-    noise_steps: Literal["all", "last"] = "all"
-    """Flow-Noise: the noise head samples at every denoising step (pi_RL) or at the last alone
-    (its noise reaches the action; the flow erases earlier noise)."""
-    noise_level: float = 0.5
-    """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t))."""
+    sigma_min: float | None = None
+    """Flow-Noise: smallest std of the noise head; unset: 0.08."""
+    sigma_max: float | None = None
+    """Flow-Noise: largest std of the noise head; unset: 0.16."""
+    noise_steps: Literal["all", "last"] | None = None
+    """Flow-Noise: the noise head samples at every denoising step (pi_RL; unset) or at the
+    last alone (its noise reaches the action; the flow erases earlier noise)."""
+    noise_level: float | None = None
+    """Flow-SDE: a in sigma_t = a * sqrt(t / (1 - t)); unset: 0.5."""
     noise_level_end: float | None = None
     """Flow-SDE: a at the last PPO iteration, reached linearly from noise_level (explore
     widely first, then sample near the deterministic path); None: a stays noise_level."""
-    sde_mode: Literal["hybrid", "chain"] = "hybrid"
-    """Flow-SDE: one stochastic step per query (hybrid) or all steps (chain)."""
-    hybrid_step: Literal["last", "late", "uniform"] = "last"
-    """Flow-SDE hybrid's stochastic step: the last one (its noise reaches the action; the
-    flow erases earlier noise), drawn with weight k + 1 (late), or uniformly (pi_RL)."""
-    value_input: Literal["obs", "features"] = "obs"
-    """What the critic reads: the observation through its own MLP, or the encoder's detached features."""
-    logprob: Literal["sum", "mean"] = "sum"
-    """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims, or their mean (RLinf)."""
+    sde_mode: Literal["hybrid", "chain"] | None = None
+    """Flow-SDE: one stochastic step per query (hybrid; unset) or all steps (chain)."""
+    hybrid_step: Literal["last", "late", "uniform"] | None = None
+    """Flow-SDE hybrid's stochastic step: the last one (unset; its noise reaches the action,
+    the flow erases earlier noise), drawn with weight k + 1 (late), or uniformly (pi_RL)."""
+    value_input: Literal["obs", "features"] | None = None
+    """What the critic reads: the observation through its own MLP (unset), or the
+    encoder's detached features. Refused with ppo.critic_free, which has no critic."""
+    logprob: Literal["sum", "mean"] | None = None
+    """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims
+    (unset), or their mean (RLinf). Refused with ppo.ratio element."""
 
     def __post_init__(self):
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
-        require(0 < self.sigma_min <= self.sigma_max, "sigma_min", "need 0 < sigma_min <= sigma_max")
-        require(self.noise_level > 0, "noise_level", "must be > 0")
+        if self.method == "flow_noise":
+            unused = ("noise_level", "noise_level_end", "sde_mode", "hybrid_step")
+            require_unset({n: getattr(self, n) for n in unused}, "method: flow_noise (its noise head learns the std)")
+        else:
+            unused = ("sigma_min", "sigma_max", "noise_steps")
+            mode = "method: flow_sde (its std is noise_level's; sde_mode and hybrid_step pick the noisy steps)"
+            require_unset({n: getattr(self, n) for n in unused}, mode)
+        if self.setting("sde_mode") == "chain":
+            require_unset({"hybrid_step": self.hybrid_step}, "sde_mode: chain (every step is stochastic)")
+        low, high = self.setting("sigma_min"), self.setting("sigma_max")
+        require(0 < low <= high, "sigma_min", f"need 0 < sigma_min <= sigma_max, got {low} and {high}")
+        require(self.setting("noise_level") > 0, "noise_level", "must be > 0")
         require(self.noise_level_end is None or self.noise_level_end > 0, "noise_level_end", "must be > 0")
-        require(
-            self.noise_level_end is None or self.method == "flow_sde",
-            "noise_level_end",
-            "is Flow-SDE's; Flow-Noise learns its noise (sigma_min, sigma_max)",
-        )
-        require(
-            self.method == "flow_noise" or self.noise_steps == "all",
-            "noise_steps",
-            "is Flow-Noise's; Flow-SDE picks its steps with sde_mode and hybrid_step",
-        )

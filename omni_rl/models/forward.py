@@ -188,6 +188,12 @@ class _ChunkedHead(torch.autograd.Function):
     into one [V, H] buffer in place, so no [M, V] tensor outlives its chunk and no
     per-chunk weight gradient is allocated.
 
+    The weight's (and bias's) gradient adds up in fp32 whatever the parameter's dtype
+    and is cast once at the end: under FSDP2 bf16-mixed the gathered weight is bf16,
+    and a bf16 buffer would round the running sum once per chunk (about 38 times per
+    micro-batch at a 7B model's vocabulary), each rounding at bf16's 2^-9 relative to
+    the whole sum so far. The fp32 buffer costs one transient [V, H] fp32 tensor.
+
     d log p(y) / d logit = onehot(y) - p;  d entropy / d logit = -p * (logit - E_p[logit]).
     The kept-mass column, when asked for, is a diagnostic and gets no gradient.
     """
@@ -217,8 +223,9 @@ class _ChunkedHead(torch.autograd.Function):
         compute, temperature, per_chunk = ctx.compute, ctx.temperature, ctx.per_chunk
         w = weight.to(compute)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
+        fp32 = torch.float32  # the buffers' dtype (see the class docstring)
+        grad_weight = torch.zeros_like(weight, dtype=fp32) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias, dtype=fp32) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], per_chunk):
             h, g = hidden[s : s + per_chunk], grad_out[s : s + per_chunk].float()
             logits = _logits(h, w, bias, compute, temperature)
@@ -232,9 +239,13 @@ class _ChunkedHead(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[s : s + per_chunk] = (grad.to(compute) @ w).to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight.addmm_(grad.t().to(weight.dtype), h.to(weight.dtype))
+                grad_weight.addmm_(grad.t(), h.float())
             if grad_bias is not None:
-                grad_bias += grad.sum(0).to(bias.dtype)
+                grad_bias += grad.sum(0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 

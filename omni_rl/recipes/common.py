@@ -5,6 +5,7 @@ files; optimizing goes through ``omni_rl.engine``."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.distributed import Ranks
 from omni_rl.engine.engine import load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
-from omni_rl.runtime import resolve_device, seed_everything, set_threads
+from omni_rl.runtime import apply_run_settings, resolve_device, seed_everything
 
 
 @dataclass
@@ -35,7 +36,8 @@ def start_run(cfg, resume: str | None) -> Run:
     """Join the torchrun process group (if any), pick this rank's device, create the
     output directory and write the resolved config (rank 0), pin threads, seed (each
     rank its own stream), and find the checkpoint to resume from ('auto': the newest
-    one; or a path). A checkpoint written by another process count is refused here."""
+    complete one, passing over damaged ones with a line each; or a path). A damaged
+    checkpoint, or one written by another process count, is refused here."""
     device = resolve_device(cfg.run.device)
     ranks = distributed.init(device.type)
     if device.type == "cuda":
@@ -55,16 +57,27 @@ def start_run(cfg, resume: str | None) -> Run:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     distributed.barrier()
-    set_threads(cfg.run.threads)
+    apply_run_settings(cfg.run)
     seed_everything(cfg.run.seed + ranks.rank)
     resume_from = None
     if resume == "auto":
-        resume_from = checkpoint.latest(out)
-        say(ranks, f"resuming from {resume_from}" if resume_from else f"nothing to resume in {out}: starting at step 0")
+        resume_from, passed = checkpoint.newest_complete(out)
+        for problem in passed:
+            say(ranks, f"passing over a damaged checkpoint: {problem}")
+        if resume_from is None and passed:
+            raise OmniRLError(
+                f"{out / 'checkpoints'}: no complete checkpoint to resume from (the lines above say why); "
+                "start afresh with --overwrite, or give --resume PATH"
+            )
+        if resume_from is None:
+            say(ranks, f"nothing to resume in {out}: starting at step 0")
+        else:
+            say(ranks, f"resuming from {resume_from}" + (" (the newest complete checkpoint)" if passed else ""))
     elif resume:
         resume_from = Path(resume)
         if not (resume_from / "state.json").is_file():
             raise OmniRLError(f"{resume_from}: not a checkpoint (no state.json)")
+        checkpoint.check_complete(resume_from)
         say(ranks, f"resuming from {resume_from}")
     if resume_from is not None:
         checkpoint.check_world_size(resume_from, ranks.world_size)
@@ -123,10 +136,11 @@ def finish_run(run: Run, step: int, datasets: dict, row: dict) -> dict:
         # every rank loads all rows, and reads only its share of the media
         summary["data"][name] = {**dataset.load_report(), **distributed.sum_counts(dataset.cache_metrics())}
     if run.ranks.is_main and final is not None:
-        link = run.out / "model"
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(final.relative_to(run.out), target_is_directory=True)
+        # a new link renamed over the old one: the model link is never missing
+        link, tmp = run.out / "model", run.out / ".model.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(final.relative_to(run.out), target_is_directory=True)
+        os.replace(tmp, link)
         summary["model"] = str(link)
     if run.ranks.is_main:
         (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -212,6 +226,41 @@ def setup_data(cfg):
     if not len(dataset):
         raise OmniRLError(f"{data.train}: no usable rows ({len(dataset.failures)} refused; the log lists why)")
     return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
+
+
+def draw_rows(dataset, sampler, count: int, processor, refuse=None) -> list[tuple]:
+    """This rank's next ``count`` usable rows, as (draw number in the run, sample,
+    model inputs). Every rank draws the same global indices from the shared sampler and
+    takes its own slice, refilling together until every rank has its count.
+
+    A bad row is skipped (reported once and counted by ``MediaDataset.encoded``), and so
+    is a row for which ``refuse(sample, inputs)`` gives a reason (the caller counts
+    those). Draws that are nearly all skipped stop the run, saying why.
+    """
+    rank = distributed.ranks().rank
+    rows, bad, refused = [], 0, {}
+    while True:
+        needs = distributed.all_gather_ints(count - len(rows))
+        if not sum(needs):
+            return rows
+        first = sampler.drawn
+        indices = sampler.next_batch(sum(needs))
+        start = sum(needs[:rank])
+        for drawn, index in enumerate(indices[start : start + needs[rank]], start=first + start):
+            got = dataset.encoded(index, processor)
+            if got is None:
+                bad += 1
+                continue
+            reason = refuse(*got) if refuse is not None else None
+            if reason is not None:
+                refused[reason] = refused.get(reason, 0) + 1
+                continue
+            rows.append((drawn, *got))
+        if bad + sum(refused.values()) > 100 * max(count, 1):
+            why = [f"{n} {reason}" for reason, n in refused.items()]
+            if bad:
+                why.append(f"{bad} draws of bad rows (the log names them)")
+            raise OmniRLError(f"{dataset.data}: nearly every row drawn is skipped: {'; '.join(why)}")
 
 
 def per_rank(count: int, ranks: Ranks, name: str) -> int:

@@ -65,6 +65,9 @@ from omni_rl.sim.rollout import (
 
 # ------------------------------------------------------------------------------ pieces
 
+# the policy's sampling settings, each in force in its method's mode (``FlowPolicyConfig``)
+SAMPLING = ("sigma_min", "sigma_max", "noise_level", "sde_mode", "hybrid_step", "value_input", "noise_steps")
+
 
 def shared_stream(cfg: FlowPPOConfig) -> torch.Generator:
     """The run's randomness, in the same state on every process: each draws what the
@@ -86,13 +89,7 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
             width=p.width,
             encoder=p.encoder,
             method=p.method,
-            sigma_min=p.sigma_min,
-            sigma_max=p.sigma_max,
-            noise_level=p.noise_level,
-            sde_mode=p.sde_mode,
-            hybrid_step=p.hybrid_step,
-            value_input=p.value_input,
-            noise_steps=p.noise_steps,
+            **{name: p.setting(name) for name in SAMPLING},
         )
         stream.set_state(torch.get_rng_state())
     return policy
@@ -103,18 +100,19 @@ def noise_level_at(iteration: int, cfg: FlowPPOConfig) -> float:
     linear from it to ``policy.noise_level_end`` at the last iteration (the engine's
     linear schedule, counted in iterations)."""
     p = cfg.policy
+    start = p.setting("noise_level")
     if p.noise_level_end is None:
-        return p.noise_level
-    return p.noise_level * lr_factor(iteration, 0, cfg.trainer.iterations, "linear", p.noise_level_end / p.noise_level)
+        return start
+    return start * lr_factor(iteration, 0, cfg.trainer.iterations, "linear", p.noise_level_end / start)
 
 
 def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
     """This process's envs; critic-free groups stay within one process."""
-    count = per_rank(cfg.env.num_envs, run.ranks, "env.num_envs")
-    if cfg.ppo.critic_free and count % cfg.ppo.group_size:
+    count, group = per_rank(cfg.env.num_envs, run.ranks, "env.num_envs"), cfg.ppo.setting("group_size")
+    if cfg.ppo.critic_free and count % group:
         raise OmniRLError(
             f"env.num_envs={cfg.env.num_envs} over {run.ranks.world_size} processes gives {count} envs each, "
-            f"not a multiple of ppo.group_size={cfg.ppo.group_size} (a group must not straddle processes)"
+            f"not a multiple of ppo.group_size={group} (a group must not straddle processes)"
         )
     return EnvShare(run.ranks.rank * count, count, cfg.env.num_envs)
 
@@ -176,7 +174,11 @@ def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
     def actor_and_critic(model: FlowPolicy) -> list[dict]:
         return [
             {"params": model.actor_parameters(), "lr": p.actor_lr, "max_grad_norm": p.actor_max_grad_norm},
-            {"params": model.critic_parameters(), "lr": p.critic_lr, "max_grad_norm": p.critic_max_grad_norm},
+            {
+                "params": model.critic_parameters(),
+                "lr": p.setting("critic_lr"),
+                "max_grad_norm": p.setting("critic_max_grad_norm"),
+            },
         ]
 
     steps = cfg.trainer.iterations * p.epochs * p.minibatches
@@ -184,7 +186,7 @@ def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
         AdamWConfig(lr=p.actor_lr),
         steps,
         schedule=p.lr_schedule,
-        min_lr_ratio=p.min_lr_ratio,
+        min_lr_ratio=p.setting("min_lr_ratio"),
         param_groups=actor_and_critic,
     )
 
@@ -192,13 +194,13 @@ def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
 def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, N] advantages and value targets (per env: this process's envs suffice)."""
     p = cfg.ppo
-    rewards = rollout.rewards * p.reward_scale
     if not p.critic_free:
-        reward, discount, lam = chunk_discounting(rewards, rollout.alive, p.gamma, p.lam)
+        rewards = rollout.rewards * p.setting("reward_scale")
+        reward, discount, lam = chunk_discounting(rewards, rollout.alive, p.setting("gamma"), p.setting("lam"))
         return gae(reward, rollout.values, rollout.next_values, rollout.terminated, rollout.done, discount, lam)
-    returns = (rewards * rollout.alive).sum(dim=-1)
+    returns = (rollout.rewards * rollout.alive).sum(dim=-1)
     returns = (returns * rollout.valid).sum(dim=0)
-    groups = torch.arange(returns.shape[0], device=returns.device) // p.group_size
+    groups = torch.arange(returns.shape[0], device=returns.device) // p.setting("group_size")
     adv = group_advantages(returns, groups)[None, :].expand_as(rollout.valid)
     return adv.float().clone(), returns[None, :].expand_as(rollout.valid).float().clone()
 
@@ -207,7 +209,7 @@ def value_clip(returns: torch.Tensor, cfg: FlowPPOConfig) -> float | None:
     """The value loss's clip for this iteration: ``ppo.value_clip`` times the std of
     every process's value targets (``returns`` [T, N], valid chunks), or as set."""
     p = cfg.ppo
-    if p.value_clip is None or p.value_clip_scale == "absolute":
+    if p.value_clip is None or p.setting("value_clip_scale") == "absolute":
         return p.value_clip
     x = returns.double()
     n, total, squares = distributed.all_sum([x.numel(), x.sum().item(), x.square().sum().item()])
@@ -259,18 +261,19 @@ def ppo_loss(
         mask = policy.action_mask.bool()
         new, old = logp[:, mask], b["logp"][:, mask]
     else:
-        new = reduce_logprob(logp, policy.action_mask, cfg.policy.logprob)
-        old = reduce_logprob(b["logp"], policy.action_mask, cfg.policy.logprob)
+        how = cfg.policy.setting("logprob")
+        new, old = (reduce_logprob(x, policy.action_mask, how) for x in (logp, b["logp"]))
     policy_loss, stats = clipped_surrogate(new, old, adv, p.clip_low, p.clip_high, reduction="sum")
     # the warm-up's loss leaves the actor's gradients unset: the optimizer skips it
-    loss = policy_loss - p.entropy_coef * entropy.sum() if train_actor else torch.zeros((), device=value.device)
+    bonus = p.setting("entropy_coef") * entropy.sum()
+    loss = policy_loss - bonus if train_actor else torch.zeros((), device=value.device)
     n = adv.shape[0]
     record = {"n": n, "policy_loss": policy_loss.item(), "entropy": entropy.sum().item()}
     record.update({k: stats[k] * n for k in ("ratio_mean", "clip_fraction", "approx_kl")})
     record["ratio_max"] = stats["ratio_max"]
     if not p.critic_free:
-        v_loss = value_loss(value, b["values"], b["returns"], clip, p.huber_delta, reduction="sum")
-        loss = loss + p.value_coef * v_loss
+        v_loss = value_loss(value, b["values"], b["returns"], clip, p.setting("huber_delta"), reduction="sum")
+        loss = loss + p.setting("value_coef") * v_loss
         record["value_loss"] = v_loss.item()
     return loss, record
 
@@ -345,7 +348,7 @@ def evaluate(engine: Engine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
     """Held-out success (with its 95% interval), return and length: each process plays
     its share of the seeds with the full policy; the totals add up over processes."""
     t = cfg.trainer
-    with engine.gathered():
+    with engine.forward_context():
         totals = evaluate_success(
             engine.module, env, envs, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, engine.device
         )
@@ -421,7 +424,7 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
         log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)
 
     chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
-    group = p.group_size if p.critic_free else 1
+    group = p.setting("group_size") if p.critic_free else 1
     bar = tqdm(
         range(start, t.iterations), initial=start, total=t.iterations, desc="flow_ppo", disable=not run.ranks.is_main
     )
@@ -433,7 +436,7 @@ def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) ->
         with timer("reset"):
             seeds = episode_seeds(cfg.run.seed, iteration, envs.total, group, t.eval_seed)
             obs = env.reset(seed=seeds[envs.rows])
-        with timer("rollout"), engine.gathered():
+        with timer("rollout"), engine.forward_context():
             rollout, episodes = collect(policy, env, envs, obs, chunks, stream, run.device)
         # the critic's warm-up: its first iterations fit the value head alone
         train_actor = iteration >= p.critic_warmup

@@ -4,9 +4,9 @@ the behaviour-cloning warm start (``bc:``) and the root config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from omni_rl.config import FieldError, require
+from omni_rl.config import FieldError, ModeDefaults, require, require_unset
 from omni_rl.engine.config import Precision, Schedule, Strategy
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.recipes import register_recipe
@@ -16,21 +16,42 @@ from omni_rl.sim.config import SimEnvConfig
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(ModeDefaults):
     """PPO over action chunks (or the critic-free GRPO variant). Defaults follow RLinf's
     state-based ManiSkill settings (clip 0.2/0.2, grad clip 0.5, 8 epochs) except where
     measurement on PushCube said otherwise (the README's flow section has the runs):
     gamma 0.95 per env step, not 0.8 (0.8 sees about 5 steps ahead, and a push takes 20
     to 40; the quickstart's mean gain over 3 seeds rose from +0.04 to +0.14), and
     lambda 1, not 0.9 (a critic fitted on a CPU's small batches explained 0.2 to 0.7 of
-    the returns' variance, and bootstrapping on it made PPO unlearn its cloned start)."""
+    the returns' variance, and bootstrapping on it made PPO unlearn its cloned start).
 
-    gamma: float = 0.95
-    """Discount per env step (a chunk of n steps discounts the next state's value by gamma^n)."""
-    lam: float = 1.0
-    """GAE lambda per env step (lambda^n per chunk); 1: the discounted return minus the value."""
-    reward_scale: float = 1.0
-    """Multiplies every env reward before advantages and value targets."""
+    Fields that count in some modes only (the critic's, which critic-free training never
+    reads; a schedule's end, which a constant rate never reaches) are unset by default,
+    meaning the default given, and refused in the modes that never read them."""
+
+    UNSET: ClassVar[dict[str, Any]] = {
+        "gamma": 0.95,
+        "lam": 1.0,
+        "reward_scale": 1.0,
+        "value_clip_scale": "returns",
+        "huber_delta": 10.0,
+        "value_coef": 0.5,
+        "entropy_coef": 0.005,
+        "critic_lr": 1e-3,
+        "min_lr_ratio": 0.0,
+        "critic_max_grad_norm": 0.5,
+        "group_size": 4,
+    }
+
+    gamma: float | None = None
+    """Discount per env step (a chunk of n steps discounts the next state's value by
+    gamma^n); unset: 0.95. With a critic only (critic-free returns are undiscounted)."""
+    lam: float | None = None
+    """GAE lambda per env step (lambda^n per chunk); 1 (unset): the discounted return
+    minus the value. With a critic only."""
+    reward_scale: float | None = None
+    """Multiplies every env reward before advantages and value targets; unset: 1. With a
+    critic only (critic-free advantages are normalized within each group)."""
     clip_low: float = 0.2
     """Lower ratio clip (1 - clip_low)."""
     clip_high: float = 0.2
@@ -39,29 +60,32 @@ class PPOConfig:
     """One ratio per chunk, or one per action element."""
     value_clip: float | None = None
     """Keep the new value within this of the old one in the loss (None: off)."""
-    value_clip_scale: Literal["returns", "absolute"] = "returns"
-    """value_clip in units of the std of the iteration's value targets, or absolute."""
-    huber_delta: float = 10.0
-    """Huber loss threshold of the value loss."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.005
-    """Weight of the entropy bonus (Flow-Noise's learned std; Flow-SDE's std is fixed, so it adds nothing there)."""
+    value_clip_scale: Literal["returns", "absolute"] | None = None
+    """value_clip in units of the std of the iteration's value targets (unset), or
+    absolute. With value_clip only."""
+    huber_delta: float | None = None
+    """Huber loss threshold of the value loss; unset: 10."""
+    value_coef: float | None = None
+    """Weight of the value loss; unset: 0.5."""
+    entropy_coef: float | None = None
+    """Weight of the entropy bonus on Flow-Noise's learned std; unset: 0.005. Refused
+    under Flow-SDE, whose std is fixed (the bonus has no gradient there)."""
     normalize_advantages: bool = True
     """Zero-mean, unit-std advantages per mini-batch."""
     actor_lr: float = 3e-4
     """Learning rate of the encoder, velocity and noise networks."""
-    critic_lr: float = 1e-3
-    """Learning rate of the value head."""
+    critic_lr: float | None = None
+    """Learning rate of the value head; unset: 1e-3."""
     lr_schedule: Schedule = "constant"
     """Both rates over the run: constant, or linear or cosine decay to ``min_lr_ratio``
     of their peak at the last iteration's last optimizer step."""
-    min_lr_ratio: float = 0.0
-    """Where a linear or cosine schedule ends, as a fraction of each peak rate."""
+    min_lr_ratio: float | None = None
+    """Where a linear or cosine schedule ends, as a fraction of each peak rate; unset: 0."""
     actor_max_grad_norm: float = 0.5
     """Gradient-norm clip of the actor's parameters (0: off)."""
-    critic_max_grad_norm: float = 0.5
-    """Gradient-norm clip of the value head's parameters, apart from the actor's (0: off)."""
+    critic_max_grad_norm: float | None = None
+    """Gradient-norm clip of the value head's parameters, apart from the actor's (0: off);
+    unset: 0.5."""
     critic_warmup: int = 0
     """Iterations at the start of RL that train the critic alone (the actor is not updated)."""
     epochs: int = 8
@@ -69,29 +93,51 @@ class PPOConfig:
     minibatches: int = 1
     """Mini-batches per pass (1: one step per epoch on the whole batch)."""
     critic_free: bool = False
-    """GRPO variant: groups of episodes from one initial state, advantage = normalized return."""
-    group_size: int = 4
-    """Critic-free: episodes per initial state (num_envs must be a multiple)."""
+    """GRPO variant: groups of episodes from one initial state, advantage = normalized
+    return; the value head is neither read nor trained, so the critic's fields are refused."""
+    group_size: int | None = None
+    """Critic-free: episodes per initial state (num_envs must be a multiple); unset: 4."""
 
     def __post_init__(self):
-        require(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
-        require(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
-        require(self.reward_scale > 0, "reward_scale", "must be > 0")
+        if self.critic_free:
+            critic = ("gamma", "lam", "reward_scale", "value_clip", "value_clip_scale", "huber_delta", "value_coef")
+            critic += ("critic_lr", "critic_max_grad_norm")
+            require_unset({n: getattr(self, n) for n in critic}, "critic_free: true (no critic)")
+            require(not self.critic_warmup, "critic_warmup", "critic-free training has no critic to warm up")
+        else:
+            require_unset({"group_size": self.group_size}, "critic_free: false (one episode per initial state)")
+        if self.value_clip is None:
+            require_unset({"value_clip_scale": self.value_clip_scale}, "value_clip: null (no value clip)")
+        if self.lr_schedule == "constant":
+            require_unset({"min_lr_ratio": self.min_lr_ratio}, "lr_schedule: constant")
+        require(0 < self.setting("gamma") <= 1, "gamma", "must be in (0, 1]")
+        require(0 <= self.setting("lam") <= 1, "lam", "must be in [0, 1]")
+        require(self.setting("reward_scale") > 0, "reward_scale", "must be > 0")
         require(self.value_clip is None or self.value_clip > 0, "value_clip", "must be > 0 (or null: off)")
         require(self.critic_warmup >= 0, "critic_warmup", "must be >= 0")
-        require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        require(0 <= self.setting("min_lr_ratio") <= 1, "min_lr_ratio", "must be in [0, 1]")
         require(
-            self.actor_max_grad_norm >= 0 and self.critic_max_grad_norm >= 0,
+            self.actor_max_grad_norm >= 0 and self.setting("critic_max_grad_norm") >= 0,
             "actor_max_grad_norm",
             "gradient clips must be >= 0",
         )
         require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
-        require(self.group_size >= 2, "group_size", "must be >= 2")
-        require(
-            not (self.critic_free and self.critic_warmup),
-            "critic_warmup",
-            "critic-free training has no critic to warm up",
-        )
+        require(self.setting("group_size") >= 2, "group_size", "must be >= 2")
+
+
+def check_policy_and_ppo(policy: FlowPolicyConfig, ppo: PPOConfig) -> None:
+    """Refuse the fields of one section that do nothing under the other's mode (for
+    every root config holding both: flow_ppo's and the simulation quickstart's)."""
+    try:
+        if ppo.ratio == "element":
+            require_unset({"logprob": policy.logprob}, "ppo.ratio: element (a ratio per element, none per chunk)")
+        if ppo.critic_free:
+            require_unset({"value_input": policy.value_input}, "ppo.critic_free: true (no critic)")
+    except FieldError as err:
+        raise FieldError(f"policy.{err.field_name}", str(err)) from None
+    if policy.method == "flow_sde":
+        mode = "policy.method: flow_sde (its std is fixed, so the entropy bonus has no gradient)"
+        require_unset({"ppo.entropy_coef": ppo.entropy_coef}, mode)
 
 
 @dataclass
@@ -112,7 +158,9 @@ class FlowTrainerConfig:
     keep_last: int = 2
     """Checkpoints kept on disk."""
     precision: Precision = "fp32"
-    """fp32, bf16-mixed, bf16-pure or auto (bf16-mixed on CUDA); default fp32: bf16 blurs the PPO ratio."""
+    """fp32, bf16-mixed, bf16-pure or auto (bf16-mixed on CUDA); default fp32 (a small MLP
+    gains nothing from bf16). In one process and under DDP, rollouts sample in the
+    update's precision, so each update's first ratio is exactly 1."""
     strategy: Strategy = "auto"
     """ddp, fsdp or single; auto: ddp with several processes (sharding a 2-layer MLP gains nothing)."""
 
@@ -158,5 +206,6 @@ class FlowPPOConfig:
     """The warm start."""
 
     def __post_init__(self):
-        if self.ppo.critic_free and self.env.num_envs % self.ppo.group_size:
+        check_policy_and_ppo(self.policy, self.ppo)
+        if self.ppo.critic_free and self.env.num_envs % self.ppo.setting("group_size"):
             raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")

@@ -25,14 +25,14 @@ from omni_rl.algorithms.correction import (
 )
 from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
-from omni_rl.data.dataset import Sample, SkippedRow, encode_sample
+from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
-from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Timer,
+    draw_rows,
     finish_run,
     last_row,
     model_dir,
@@ -81,40 +81,20 @@ def prompt_seed(seed: int, drawn: int, n: int) -> int:
 
 
 def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, max_prompt: int) -> Batch:
-    """This rank's ``count`` prompts, skipping (and counting) those longer than the
-    limit ``max_prompt`` (their media tokens are never cut). Every rank draws the same
-    global indices from the shared sampler and takes its own slice, refilling together
-    until every rank has its count."""
-    rank = distributed.ranks().rank
-    samples, encoded, seeds = [], [], []
-    while True:
-        needs = distributed.all_gather_ints(count - len(samples))
-        if not sum(needs):
-            return Batch(samples, encoded, seeds)
-        first = sampler.drawn
-        indices = sampler.next_batch(sum(needs))
-        start = sum(needs[:rank])
-        for offset, index in enumerate(indices[start : start + needs[rank]], start=first + start):
-            try:
-                sample = dataset[index]
-            except SkippedRow as skip:
-                if not skipped["bad_rows"]:
-                    _log.warning("%s (counted in skipped/bad_rows)", skip)
-                skipped["bad_rows"] += 1
-                continue
-            inputs = encode_sample(processor, sample)
-            if inputs["input_ids"].shape[1] > max_prompt:
-                skipped["prompt_too_long"] += 1
-                continue
-            samples.append(sample)
-            encoded.append(dict(inputs))
-            seeds.append(prompt_seed(cfg.run.seed, offset, cfg.rollout.n))
-        if skipped["prompt_too_long"] + skipped["bad_rows"] > 100 * max(count, 1):
-            raise OmniRLError(
-                f"nearly every prompt is skipped: {skipped['prompt_too_long']} exceed the rollout engine's limit "
-                f"of {max_prompt} tokens, {skipped['bad_rows']} rows cannot be used "
-                f"(rollout.max_prompt_length={cfg.rollout.max_prompt_length})"
-            )
+    """This rank's ``count`` prompts (``draw_rows``: bad rows are skipped), skipping
+    and counting those longer than the limit ``max_prompt`` (their media tokens are
+    never cut); each prompt's sampling seed follows from its draw number."""
+
+    def too_long(sample: Sample, inputs: dict) -> str | None:
+        if inputs["input_ids"].shape[1] <= max_prompt:
+            return None
+        skipped["prompt_too_long"] += 1
+        limit = cfg.rollout.max_prompt_length
+        return f"prompts over the rollout engine's limit of {max_prompt} tokens (rollout.max_prompt_length={limit})"
+
+    drawn = draw_rows(dataset, sampler, count, processor, too_long)
+    seeds = [prompt_seed(cfg.run.seed, number, cfg.rollout.n) for number, _, _ in drawn]
+    return Batch([sample for _, sample, _ in drawn], [inputs for _, _, inputs in drawn], seeds)
 
 
 def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
@@ -175,23 +155,16 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ski
 def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig, tis=None):
     """This micro-batch's share of its mini-batch's loss (sums divided by the whole
     mini-batch's ``denominator`` over every rank), and its diagnostics; ``tis``: the
-    rollout correction's weights (per token [N, L], per sequence [N] for GSPO), or None."""
+    rollout correction's weights (per token [N, L], per sequence [N] for GSPO), or None.
+    The policy, KL and entropy terms share one aggregation and one fixed length
+    (``max_new_tokens``, not this micro-batch's trimmed width)."""
     algo = cfg.algorithm
+    (eps_low, eps_high), mode, length = algo.clip_range, algo.averaging, cfg.rollout.max_new_tokens
     if algo.loss == "gspo":
-        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, algo.eps_low, algo.eps_high, denominator, tis)
+        loss, stats = gspo_policy_loss(out.logp, old_logp, adv, mask, eps_low, eps_high, denominator, tis)
     else:
         loss, stats = clipped_policy_loss(
-            out.logp,
-            old_logp,
-            adv,
-            mask,
-            algo.eps_low,
-            algo.eps_high,
-            algo.dual_clip,
-            algo.aggregation,
-            cfg.rollout.max_new_tokens,
-            denominator,
-            tis,
+            out.logp, old_logp, adv, mask, eps_low, eps_high, algo.dual_clip, mode, length, denominator, tis
         )
     sums = {"loss/policy": loss.item()}
     means = {
@@ -200,11 +173,11 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
         "loss/ratio_max": stats.ratio_max,
     }
     if ref_logp is not None and not algo.kl_in_reward:
-        kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, algo.aggregation, None, denominator)
+        kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, mode, length, denominator)
         loss = loss + algo.kl_coef * kl
         sums["loss/kl"] = kl.item()
     if out.entropy is not None:
-        entropy = aggregate(out.entropy, mask, algo.aggregation, None, denominator)
+        entropy = aggregate(out.entropy, mask, mode, length, denominator)
         loss = loss - algo.entropy_coef * entropy
         sums["actor/entropy"] = entropy.item()
     return loss, sums, means
@@ -245,6 +218,15 @@ def _sequence_kl(engine: Engine, reference, batch, rollouts, mask, pad_id, cfg) 
     logp = _logprobs(engine.model, batch, everything, ids, mask, pad_id, cfg).logp
     ref = _reference_logp(engine, reference, batch, everything, ids, mask, pad_id, cfg)
     return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask[:, : logp.shape[1]]).sum(-1)
+
+
+def _advantages(rewards: torch.Tensor, filler: bool, cfg: GRPOConfig) -> torch.Tensor:
+    """Advantages [B*G] of this rank's completions. Statistics over the batch (REINFORCE++'s
+    whitening) sum every rank's groups, so N ranks compute what one process does; a
+    ``filler`` group (zero weight) counts in none of them and gets zeros."""
+    own = rewards[:0] if filler else rewards
+    advantages = compute_advantages(cfg.algorithm.advantage, own, cfg.rollout.n, distributed.all_sum)
+    return torch.zeros_like(rewards, dtype=torch.float) if filler else advantages
 
 
 def _rollout_metrics(rollouts) -> dict:
@@ -294,7 +276,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     row: dict = {}
     for step in bar:
         timer = Timer()
-        skipped = {"prompt_too_long": 0, "bad_rows": 0, "groups_filtered": 0, "sampling_rounds": 0}
+        skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}  # bad rows: the dataset counts
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
         batch, rollouts, results, rewards = _collect(
@@ -303,7 +285,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
         types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
         sources = [s.data_source for s in batch.samples for _ in range(n)] if not batch.filler else []
-        # ADVANTAGE: group-relative, within each rank's own groups
+        # ADVANTAGE: group-relative within each rank's groups; REINFORCE++ whitens over every rank's
         with timer("advantage"):
             mask = rollouts.completion_mask.to(run.device)
             if algo.overlong == "mask":
@@ -313,7 +295,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
                 kl = _sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg)
                 rewards = rewards - algo.kl_coef * kl.cpu()
-            advantages = compute_advantages(algo.advantage, rewards, n).to(run.device)
+            advantages = _advantages(rewards, batch.filler, cfg).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
             logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
@@ -453,7 +435,7 @@ def _update(
     for epoch in range(algo.epochs):
         for m, chunks in enumerate(plan):
             mini_rows = _rows([p for c in chunks for p in c], n)
-            if algo.aggregation == "token-mean":
+            if algo.averaging == "token-mean":
                 (denominator,) = distributed.all_sum([float(loss_mask[mini_rows].sum())])
             else:
                 (denominator,) = distributed.all_sum([float(loss_mask[mini_rows].any(-1).sum())])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from omni_rl.config import require
+from omni_rl.algorithms.losses import Aggregation
+from omni_rl.config import require, require_unset
 from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
@@ -17,6 +18,8 @@ from omni_rl.rewards.config import RewardsConfig
 from omni_rl.rollout.config import RolloutConfig
 from omni_rl.runtime import RunConfig
 
+_CLIP_DEFAULTS = {"clipped": (0.2, 0.28), "gspo": (3e-4, 4e-4)}  # (eps_low, eps_high) per loss
+
 
 @dataclass
 class AlgorithmConfig:
@@ -26,14 +29,15 @@ class AlgorithmConfig:
     """Advantage estimator: grpo, dr_grpo, rloo or reinforce_pp."""
     loss: Literal["clipped", "gspo"] = "clipped"
     """Token-level clipped ratio (PPO/GRPO/DAPO) or sequence-level ratio (GSPO)."""
-    eps_low: float = 0.2
-    """Lower clip range."""
-    eps_high: float = 0.28
-    """Upper clip range (clip-higher)."""
+    eps_low: float | None = None
+    """Lower clip range; unset: 0.2 for clipped, 3e-4 for gspo (the GSPO paper's)."""
+    eps_high: float | None = None
+    """Upper clip range; unset: 0.28 for clipped (clip-higher), 4e-4 for gspo."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages; unset disables."""
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """How per-token losses are averaged."""
+    """Dual-clip constant c > 1 for negative advantages (clipped only); unset disables."""
+    aggregation: Aggregation | None = None
+    """How the clipped loss, KL and entropy average over tokens; unset: token-mean.
+    Refused under gspo, which averages over sequences (see ``averaging``)."""
     kl_coef: float = 0.0
     """Weight of KL(policy || reference); 0 needs no reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -74,13 +78,39 @@ class AlgorithmConfig:
             f"unknown estimator '{self.advantage}'{did_you_mean(self.advantage, ADVANTAGES.names())}; "
             f"known: {', '.join(ADVANTAGES)}",
         )
-        require(0 <= self.eps_low < 1 and self.eps_high >= 0, "eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
+        low, high = self.clip_range
+        require(0 <= low < 1, "eps_low", f"need 0 <= eps_low < 1, got {low}")
+        require(high >= 0, "eps_high", f"need eps_high >= 0, got {high}")
         require(self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1")
+        if self.loss == "gspo":
+            require_unset(
+                {"aggregation": self.aggregation, "dual_clip": self.dual_clip},
+                "loss: gspo (its loss, KL and entropy average over sequences, and it clips one ratio per "
+                "sequence, with no dual clip)",
+            )
         require(self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef", "coefficients must be >= 0")
         require(self.epochs >= 1, "epochs", "must be >= 1")
         require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
         require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
         require(self.rollout_correction_cap > 1, "rollout_correction_cap", "must be > 1")
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(eps_low, eps_high) in force: the ones set, else the loss's own defaults."""
+        low, high = _CLIP_DEFAULTS[self.loss]
+        return (low if self.eps_low is None else self.eps_low, high if self.eps_high is None else self.eps_high)
+
+    @property
+    def averaging(self) -> Aggregation:
+        """The aggregation in force for the policy loss, KL and entropy. ``aggregation``
+        (token-mean when unset) for the clipped loss. GSPO's policy term is a mean over
+        sequences, so its KL and entropy terms are too: each sequence's token mean,
+        averaged over sequences (seq-mean-token-mean), all three divided by the batch's
+        sequence count; the KL then weighs as much against the policy term as a
+        token-mean KL does under the clipped loss, whatever the completions' length."""
+        if self.loss == "gspo":
+            return "seq-mean-token-mean"
+        return self.aggregation or "token-mean"
 
 
 @register_recipe("grpo", runner="omni_rl.recipes.grpo:train", trainable=True)

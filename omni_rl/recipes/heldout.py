@@ -19,6 +19,7 @@ import torch
 from omni_rl.benchmarks.base import spread
 from omni_rl.data.config import EvalSetConfig
 from omni_rl.engine import checkpoint, distributed
+from omni_rl.preprocess.cache import atomic_write_bytes
 from omni_rl.rollout.hf import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class HeldOut:
                 budgets = Budgets.from_config(cfg.media)
                 data = cfg.data
                 dataset = MediaDataset(
-                    spec.data, budgets, data.cache, data.cache_mode, False, data.prompt_template, data.columns
+                    spec.data, budgets, data.cache, data.cache_mode, data.strict, data.prompt_template, data.columns
                 )
                 self.sets.append(_Set(spec, dataset))
             else:
@@ -181,12 +182,16 @@ class HeldOut:
     # ------------------------------------------------------------------ best model
 
     def _read_best(self) -> dict | None:
+        if distributed.ranks().is_main:
+            checkpoint.restore_interrupted(self.out / "best" / "model")
         path = self.out / "best" / "best.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
     def keep_best(self, metrics: dict, step: int, engine, processor) -> None:
         """Export the model to ``OUTPUT_DIR/best/model`` when ``trainer.best_metric``
-        improved (every rank calls this: the export gathers sharded weights)."""
+        improved (every rank calls this: the export gathers sharded weights). The export
+        is renamed into place whole, then ``best.json``: a run killed mid-export keeps
+        the previous best model."""
         name = self.cfg.trainer.best_metric
         if name is None or name not in metrics:
             if name is not None:
@@ -195,9 +200,9 @@ class HeldOut:
         value = metrics[name]
         if self.best is not None and value <= self.best["value"]:
             return
-        self.best = {"metric": name, "value": value, "step": step}
         directory = self.out / "best" / "model"
         checkpoint.export_model(engine, directory, processor)
+        self.best = {"metric": name, "value": value, "step": step}
         if distributed.ranks().is_main:
-            (self.out / "best" / "best.json").write_text(json.dumps(self.best))
+            atomic_write_bytes(self.out / "best" / "best.json", json.dumps(self.best).encode())
             log.info("best %s = %.4f at step %d: %s", name, value, step, directory)

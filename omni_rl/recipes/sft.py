@@ -7,9 +7,7 @@ on the target tokens only.
 
 from __future__ import annotations
 
-import logging
-
-from omni_rl.data.dataset import Sample, SkippedRow, encode_sample
+from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import Engine
 from omni_rl.errors import OmniRLError
@@ -17,6 +15,7 @@ from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion, collate_prompts
 from omni_rl.recipes.common import (
     Timer,
+    draw_rows,
     finish_run,
     last_row,
     pack_by_tokens,
@@ -30,8 +29,6 @@ from omni_rl.recipes.common import (
 from omni_rl.recipes.heldout import HeldOut
 from omni_rl.recipes.sft_config import SFTConfig
 
-_log = logging.getLogger(__name__)
-
 
 def render_target(template: str, sample: Sample) -> str:
     """The target completion of a sample: ``template`` filled with its row's fields."""
@@ -41,22 +38,15 @@ def render_target(template: str, sample: Sample) -> str:
         raise OmniRLError(f"sft.target_template field {err} is not in row '{sample.id}'") from None
 
 
-def _encode(dataset, indices, processor, cfg: SFTConfig, skipped: list[int]) -> list[tuple[dict, list[int]]]:
-    """Per row: its encoded prompt (with media) and its target's token ids (+ end token).
-    A row the config says to skip is reported once, counted in ``skipped[0]`` and left
-    out of the step."""
+def _encode(dataset, sampler, count: int, processor, cfg: SFTConfig) -> list[tuple[dict, list[int]]]:
+    """This rank's ``count`` rows of the step (``draw_rows``: a bad row is skipped and
+    another drawn in its place), each as its encoded prompt (with media) and its
+    target's token ids (+ end token)."""
     tokenizer = processor.tokenizer
     rows = []
-    for i in indices:
-        try:
-            sample = dataset[i]
-        except SkippedRow as skip:
-            if not skipped[0]:
-                _log.warning("%s (counted in skipped/bad_rows)", skip)
-            skipped[0] += 1
-            continue
+    for _, sample, inputs in draw_rows(dataset, sampler, count, processor):
         target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
-        rows.append((dict(encode_sample(processor, sample)), tokenizer(target, add_special_tokens=False)["input_ids"]))
+        rows.append((inputs, tokenizer(target, add_special_tokens=False)["input_ids"]))
     return rows
 
 
@@ -99,15 +89,11 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
     log, bar = resume_steps(cfg, run, engine, sampler, "sft")
     row: dict = {}
-    skipped = [0]  # rows skipped so far (media.missing_video_audio: skip)
     for step in bar:
         timer = Timer()
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
-            indices = sampler.next_batch(cfg.data.prompts_per_step)[run.ranks.rank * rows : (run.ranks.rank + 1) * rows]
-            encoded = _encode(dataset, indices, processor, cfg, skipped)
-            if not encoded:
-                raise OmniRLError(f"step {step + 1}: every row of this rank's share was skipped (see the warning)")
+            encoded = _encode(dataset, sampler, rows, processor, cfg)
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
             # first with zero weight, so that sharded forwards stay in step
@@ -134,7 +120,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "loss/sft": loss,
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
-            **distributed.sum_counts({**dataset.cache_metrics(), "skipped/bad_rows": skipped[0]}),
+            **distributed.sum_counts(dataset.cache_metrics()),
             **dataset.load_report(),
             **engine.metrics(),
             **distributed.mean_metrics(timer.metrics()),
