@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from omni_rl.config import require
-from omni_rl.rewards.base import weights_problem
+from omni_rl.registry import did_you_mean
+from omni_rl.rewards.base import SCORERS, weights_problem
 
 
 @dataclass
@@ -21,7 +22,8 @@ class RewardsConfig:
     format_weight: float = 0.1
     """Weight of format in the total reward (>= 0; with accuracy_weight, sums to at most 1)."""
     weights: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per built-in problem type (accuracy, format) weights, e.g. {ocr: [1.0, 0.0]}."""
+    """Per built-in problem type (accuracy, format) weights, e.g. {ocr: [1.0, 0.0]}; keyed by
+    the type's name (not an alias, not a plug-in: a plug-in's value is its reward)."""
     math_timeout: float = 2.0
     """Hard limit in seconds on one math verification."""
     workers: int = 2
@@ -36,6 +38,19 @@ class RewardsConfig:
         blamed = "format_weight" if math.isfinite(accuracy) and accuracy >= 0 else "accuracy_weight"
         require(problem is None, blamed, f"accuracy_weight {accuracy:g} and format_weight {format_:g} {problem}")
         for name, (accuracy, format_) in self.weights.items():
+            # the scorer reads its weights by its own name: any other key would do nothing
+            require(
+                name not in self.custom,
+                f"weights.{name}",
+                f"does nothing: '{name}' is a plug-in (custom.{name}), whose value is its reward; remove it",
+            )
+            require(
+                name in SCORERS,
+                f"weights.{name}",
+                f"no built-in problem type '{name}'{did_you_mean(name, SCORERS.names())}",
+            )
+            canonical = SCORERS.canonical(name)
+            require(canonical == name, f"weights.{name}", f"weights are keyed by the type's name: write '{canonical}'")
             problem = weights_problem(accuracy, format_)
             require(problem is None, f"weights.{name}", f"accuracy {accuracy:g} and format {format_:g} {problem}")
         require(self.math_timeout > 0, "math_timeout", "must be > 0")

@@ -426,3 +426,20 @@ def test_rewards_cli_prints_plugin_values_and_refuses_bad_weights(capsys):
     weights = ["--set", "rewards.accuracy_weight=1", "--set", "rewards.format_weight=0.5"]
     assert main(["rewards", "score", "--type", "counting", "--answer", "3", "--response", "3", *weights]) == 2
     assert "accuracy_weight 1 and format_weight 0.5 sum to 1.5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "weights, custom, message",
+    [
+        ({"mcq": [0.5, 0.5]}, {}, "weights are keyed by the type's name: write 'multiple_choice'"),
+        ({"multiple_chioce": [0.5, 0.5]}, {}, "no built-in problem type 'multiple_chioce'.*multiple_choice"),
+        ({"signed": [0.5, 0.5]}, {"signed": "reward_plugins:signed"}, "'signed' is a plug-in"),
+    ],
+)
+def test_weights_that_no_scorer_reads_are_refused_at_load(weights, custom, message):
+    from omni_rl.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=rf"rewards\.weights\.\w+: .*{message}"):
+        config_from_dict(
+            {"recipe": "grpo", "rewards": {"weights": weights, "custom": custom}, "run": {"output_dir": "x"}}, "test"
+        )
