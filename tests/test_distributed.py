@@ -246,6 +246,41 @@ def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
     torch.testing.assert_close(torch.tensor(result["filler"]), torch.cat([first, torch.zeros(6)]), atol=1e-5, rtol=0)
 
 
+LOCKSTEP_ON_RANKS = """
+import json
+from omni_rl.engine import distributed
+
+ranks = distributed.init("cpu")
+work = [["a", "b", "c"], ["d"]][ranks.rank]
+padded = distributed.lockstep(work)
+empty = distributed.lockstep([] if ranks.rank else ["x", "y"], filler=lambda: "filler")
+try:
+    distributed.lockstep([] if ranks.rank else ["x"])
+    refused = False
+except ValueError:
+    refused = True
+print(json.dumps({"rank": ranks.rank, "padded": padded, "empty": empty, "refused": refused}))
+distributed.shutdown()
+"""
+
+
+def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_path):
+    """Rank 0 with 3 items and rank 1 with 1 both run 3: rank 1 repeats its own first
+    item marked not real; a rank with none runs the filler it is given, and without
+    one it is refused (not left to hang its peers)."""
+    script = tmp_path / "lockstep.py"
+    script.write_text(LOCKSTEP_ON_RANKS)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run([*command, str(script)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = {r["rank"]: r for r in map(json.loads, [x for x in done.stdout.splitlines() if x.startswith("{")])}
+    assert got[0]["padded"] == [["a", True], ["b", True], ["c", True]]
+    assert got[1]["padded"] == [["d", True], ["d", False], ["d", False]]
+    assert got[0]["empty"] == [["x", True], ["y", True]]
+    assert got[1]["empty"] == [["filler", False], ["filler", False]]
+    assert (got[0]["refused"], got[1]["refused"]) == (False, True)
+
+
 def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):
     config = grpo_config(tmp_path, shapes, "auto", trainer={"steps": 1, "save_every": 1})
     launch(config, 1)

@@ -9,7 +9,7 @@ import torch
 from pytest import approx
 
 from omni_rl.engine.config import AdamWConfig, SGDConfig
-from omni_rl.engine.engine import Engine, lr_factor, shard_units
+from omni_rl.engine.engine import TrainingEngine, lr_factor, shard_units
 from omni_rl.errors import OmniRLError
 from omni_rl.models import load
 from omni_rl.models.inputs import append_completion
@@ -53,7 +53,7 @@ def test_a_1e6_step_under_bf16(precision, tiny_checkpoint, family_prompts):
 
     model, processor = load(tiny_checkpoint("qwen2_5_vl"), dtype=load_dtype(precision))
     model.train()
-    engine = Engine(model, AdamWConfig(lr=1e-6), torch.device("cpu"), total_steps=1, precision=precision)
+    engine = TrainingEngine(model, AdamWConfig(lr=1e-6), torch.device("cpu"), total_steps=1, precision=precision)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     batch, labels = _batch(processor, family_prompts)
     engine.backward(_token_nll(engine.model, batch, labels, int((labels != -100).sum())))
@@ -86,7 +86,7 @@ def test_accumulated_micro_batches_equal_one_batch(tiny_checkpoint, family_promp
     for micro in (2, 1):
         model, processor = load(tiny_checkpoint("qwen2_5_vl"))
         model.train()
-        engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1)
+        engine = TrainingEngine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1)
         batch, labels = _batch(processor, family_prompts)
         tokens = int((labels[:, 1:] != -100).sum())
         if micro == 2:
@@ -120,7 +120,7 @@ def _video_part(batch: dict, i: int) -> dict:
 def test_non_finite_gradients_skip_the_step_and_stop_the_run(tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
     model.train()
-    engine = Engine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=5, max_bad_steps=3)
+    engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=5, max_bad_steps=3)
     batch, labels = _batch(processor, family_prompts)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     poisoned = model.lm_head.weight.register_hook(lambda g: g * float("nan"))
@@ -152,7 +152,9 @@ def test_the_schedule_moves_on_over_a_skipped_step():
     the metrics count the schedule's steps and the skip."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
-    engine = Engine(model, SGDConfig(lr=0.3, momentum=0.0), torch.device("cpu"), total_steps=4, schedule="linear")
+    engine = TrainingEngine(
+        model, SGDConfig(lr=0.3, momentum=0.0), torch.device("cpu"), total_steps=4, schedule="linear"
+    )
     x = torch.randn(5, 3)
     lrs, skipped = [], []
     for step in range(4):

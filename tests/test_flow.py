@@ -27,8 +27,8 @@ from omni_rl.algorithms.ppo import (
     value_loss,
 )
 from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
+from omni_rl.sim.episodes import EnvShare, binomial_interval, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv
-from omni_rl.sim.rollout import EnvShare, binomial_interval, evaluate_success
 
 
 def test_gaussian_logpdf_and_entropy_match_torch_distributions():

@@ -111,13 +111,13 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
         None, ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"], recipe="grpo"
     )
     from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import Engine
+    from omni_rl.engine.engine import TrainingEngine
 
     mask = rollouts.completion_mask
     with torch.no_grad():
         before = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
     model.train()
-    engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+    engine = TrainingEngine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
     batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[0, 1])
     pad = processor.tokenizer.pad_token_id
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, logged=True)
@@ -313,7 +313,7 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
     """Packed under trainer.max_tokens_per_microbatch, the two groups run as two
     accumulated forwards and give the one-forward update within 1e-5."""
     from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import Engine
+    from omni_rl.engine.engine import TrainingEngine
     from omni_rl.models import load
     from omni_rl.models.inputs import collate_prompts
     from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
@@ -333,7 +333,9 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
         model.train()
         overrides = ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"]
         cfg = load_config(None, [*overrides, f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo")
-        engine = Engine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+        engine = TrainingEngine(
+            model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0
+        )
         stats = grpo._update(engine, None, batch, rollouts, rollouts.completion_mask, advantages, pad, cfg, True)
         assert stats["update/micro_batches"] == (2 if budget else 1)
         results.append({n: p.detach().clone() for n, p in model.named_parameters()})
@@ -416,7 +418,7 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
     from types import SimpleNamespace
 
     from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import Engine
+    from omni_rl.engine.engine import TrainingEngine
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
     # k1 = logp - ref per token: [0.1, 0.3], [0.4], [0, 0.3, 0.6], [0.2, 0.2]
@@ -425,7 +427,7 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
     advantages = torch.tensor([1.0, -0.5, 2.0, 0.5])
     _fake_forwards(monkeypatch, ref, entropy)
     model = _LogProbs(torch.zeros(4, 4))
-    engine = Engine(model, SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
+    engine = TrainingEngine(model, SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
     cfg = load_config(
         None,
         [

@@ -186,7 +186,7 @@ def test_the_logged_mismatch_of_a_stale_engine_matches_a_hand_computation(
     tiny_checkpoint, family_prompts, correction, monkeypatch
 ):
     from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import Engine
+    from omni_rl.engine.engine import TrainingEngine
 
     model, processor, encoded, rollouts, spec = _stale_rollout(tiny_checkpoint, family_prompts)
     pad = processor.tokenizer.pad_token_id
@@ -211,7 +211,7 @@ def test_the_logged_mismatch_of_a_stale_engine_matches_a_hand_computation(
     overrides = ["data.train=x", "rollout.n=4", "algorithm.epochs=1", f"algorithm.rollout_correction={correction}"]
     cfg = load_config(None, [*overrides, f"algorithm.rollout_correction_cap={cap}"], recipe="grpo")
     model.train()
-    engine = Engine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
+    engine = TrainingEngine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
     batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2])
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, True, spec)
@@ -232,7 +232,7 @@ def test_the_logged_mismatch_of_a_stale_engine_matches_a_hand_computation(
 
 def test_an_engine_on_the_trainers_weights_shows_no_mismatch(tiny_checkpoint, family_prompts):
     from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import Engine
+    from omni_rl.engine.engine import TrainingEngine
 
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
     encoded = [dict(family_prompts("qwen2_5_vl", processor, only=i)) for i in range(2)]
@@ -240,7 +240,7 @@ def test_an_engine_on_the_trainers_weights_shows_no_mismatch(tiny_checkpoint, fa
     engine = HFRolloutEngine(model, processor)
     rollouts = engine.generate(collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[1, 2])
     cfg = load_config(None, ["data.train=x", "rollout.n=4", "algorithm.rollout_correction=tis"], recipe="grpo")
-    torch_engine = Engine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
+    torch_engine = TrainingEngine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
     batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2])
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
     stats = grpo._update(

@@ -25,7 +25,7 @@ from omni_rl.cli import main
 from omni_rl.config import config_from_dict, load_config, save_config
 from omni_rl.engine import checkpoint
 from omni_rl.engine.config import AdamWConfig
-from omni_rl.engine.engine import Engine
+from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
 from omni_rl.preprocess import cache as cache_module
@@ -278,7 +278,7 @@ def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, mon
     """An export that dies inside ``save_pretrained`` (a kill, a full disk) leaves the
     previous ``best/model`` and ``best.json`` as they were; the next export replaces it."""
     policy = FlowPolicy(4, 2, horizon=2, executed=2, width=8)
-    engine = Engine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
+    engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)
     best = tmp_path / "best"
@@ -311,7 +311,7 @@ def test_a_kill_between_the_export_renames_keeps_the_previous_best_model(tmp_pat
     """The export moves the old directory aside, then renames the new one into place:
     killed in between, the next run's start puts the old one back."""
     policy = FlowPolicy(4, 2, horizon=2, executed=2, width=8)
-    engine = Engine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
+    engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)
     before = _snapshot(tmp_path / "best")

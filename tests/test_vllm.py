@@ -19,7 +19,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models import load, placeholder_token_ids
 from omni_rl.preprocess.synthetic import moving_square, write_video
 from omni_rl.preprocess.video import VideoBudget, read_video
-from omni_rl.rollout import build_engine
+from omni_rl.rollout import build_rollout_engine
 from omni_rl.rollout import vllm as engine_module
 from omni_rl.rollout.hf import SamplingParams
 from omni_rl.rollout.vllm import (
@@ -384,14 +384,14 @@ def test_vllm_engine_without_vllm_says_how_to_get_it(tmp_path, tiny_checkpoint):
     path = tiny_checkpoint("qwen2_5_vl")
     model, processor = load(path)
     with pytest.raises(OmniRLError, match=r"omni-rl\[vllm\].*rollout.engine: hf"):
-        build_engine(_grpo_config(tmp_path, "vllm"), model, processor, path, tmp_path)
+        build_rollout_engine(_grpo_config(tmp_path, "vllm"), model, processor, path, tmp_path)
 
 
 @pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vllm and a CUDA GPU")
 def test_vllm_engine_samples_groups_and_follows_weight_updates(tmp_path, tiny_checkpoint):
     path = tiny_checkpoint("qwen2_5_vl")
     model, processor = load(path, device="cuda", dtype=torch.bfloat16)
-    engine = build_engine(_grpo_config(tmp_path, "vllm"), model, processor, path, tmp_path)
+    engine = build_rollout_engine(_grpo_config(tmp_path, "vllm"), model, processor, path, tmp_path)
     engine.load_weights(model)
     from omni_rl.data.dataset import encode_sample
 

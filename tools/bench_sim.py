@@ -8,7 +8,7 @@ then slows both sides alike):
 - (a) bare stepping, the ceiling: a seeded reset and one iteration's env steps with
   uniform random actions;
 - (b) one whole training iteration of the real ``omni_rl.recipes.flow_ppo`` and
-  ``omni_rl.sim.rollout`` functions: seeded reset, rollout (policy sampling, chunk
+  ``omni_rl.sim.episodes`` functions: seeded reset, rollout (policy sampling, chunk
   execution, bootstrap values), advantages and the PPO update.
 
 The update keeps the config's mini-batch *size* (the chunks of an optimizer step at the
@@ -40,7 +40,7 @@ from omni_rl.recipes.common import Run
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.runtime import set_threads
 from omni_rl.sim import make_vec_env
-from omni_rl.sim.rollout import EnvShare, collect, episode_seeds
+from omni_rl.sim.episodes import EnvShare, collect, episode_seeds
 
 
 def minibatches_at_size(cfg: FlowPPOConfig, num_envs: int) -> int:

@@ -124,7 +124,7 @@ def build_inputs(work: Path):
 
 def trainer(model_dir: Path, lora: bool):
     from omni_rl.engine.config import AdamWConfig
-    from omni_rl.engine.engine import Engine, load_dtype
+    from omni_rl.engine.engine import TrainingEngine, load_dtype
     from omni_rl.models import load
 
     model, processor = load(model_dir, device="cuda", dtype=load_dtype("bf16-mixed"))
@@ -132,7 +132,7 @@ def trainer(model_dir: Path, lora: bool):
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
-    engine = Engine(model, AdamWConfig(lr=1e-4), torch.device("cuda"), total_steps=10, precision="bf16-mixed")
+    engine = TrainingEngine(model, AdamWConfig(lr=1e-4), torch.device("cuda"), total_steps=10, precision="bf16-mixed")
     return engine, processor
 
 
@@ -325,7 +325,7 @@ def main() -> int:
     except ImportError:
         print("gpu_smoke_vllm: needs vllm (pip install -e '.[vllm]')", file=sys.stderr)
         return 1
-    from omni_rl.rollout import build_engine
+    from omni_rl.rollout import build_rollout_engine
 
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"vllm {vllm.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
@@ -334,7 +334,7 @@ def main() -> int:
     engine, processor = trainer(model_dir, lora=False)
     encoded = [dict(encode_sample(processor, s)) for s in samples]
     memory["trainer"] = used_gib()
-    rollout = build_engine(cfg, engine.module, processor, model_dir, args.work / "run")
+    rollout = build_rollout_engine(cfg, engine.module, processor, model_dir, args.work / "run")
     memory["vllm init"] = used_gib()
     run_check("apply_model", check_apply_model, rollout)
     run_check("prompt_parity", check_prompt_parity, rollout, processor, samples, encoded)
@@ -356,7 +356,7 @@ def main() -> int:
         ", ".join(f"{k} {v:.1f} GiB" for k, v in memory.items()) + f"; sleep freed {freed:.1f} GiB",
     )
     lora_engine, _ = trainer(model_dir, lora=True)
-    lora_rollout = build_engine(cfg, lora_engine.module, processor, model_dir, args.work / "run_lora")
+    lora_rollout = build_rollout_engine(cfg, lora_engine.module, processor, model_dir, args.work / "run_lora")
     lora_rollout.load_weights(lora_engine.module)
     run_check("lora", check_logprob_parity, lora_rollout, lora_engine, processor, samples, encoded, cfg, "LoRA")
     lora_rollout.sleep()

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from omni_rl.config import save_config
 from omni_rl.demos.demo_config import DemoConfig
-from omni_rl.engine.engine import Engine, load_dtype, resolve_precision
+from omni_rl.engine.engine import TrainingEngine, load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
 from omni_rl.models import build_tiny, family_of, load, placeholder_token_ids
 from omni_rl.models.config import GenerationConfig
@@ -96,7 +96,7 @@ def main(cfg: DemoConfig) -> dict:
     batch = {k: t.to(model.device) for k, t in batch.items()}
     labels = labels.to(model.device)
     model.train()
-    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, model.device, cfg.trainer.steps)
+    engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, model.device, cfg.trainer.steps)
     history = []
     log = MetricsLog(out, None, every=cfg.trainer.log_every)
     for step in (bar := tqdm(range(cfg.trainer.steps), desc="demo", unit="step")):

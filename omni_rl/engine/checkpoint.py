@@ -44,17 +44,17 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from omni_rl.engine import distributed
-from omni_rl.engine.engine import Engine
+from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError, stop_on_disk_full
 
 PREFIX = "step-"
 
 
-def _trainable_names(engine: Engine) -> set[str]:
+def _trainable_names(engine: TrainingEngine) -> set[str]:
     return {name for name, p in engine.module.named_parameters() if p.requires_grad}
 
 
-def _flat_state(engine: Engine) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def _flat_state(engine: TrainingEngine) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Trainable weights and optimizer tensors under flat names, and the optimizer's
     parameter groups without their tensors."""
     trainable = _trainable_names(engine)
@@ -132,7 +132,7 @@ def restore_interrupted(directory: str | Path) -> None:
         os.replace(_aside(directory), directory)
 
 
-def export_model(engine: Engine, directory: Path, processor=None) -> None:
+def export_model(engine: TrainingEngine, directory: Path, processor=None) -> None:
     """The full weights as a Hugging Face directory (gathered on rank 0, which writes).
     Written under a temporary name beside ``directory`` and renamed into place, so a
     run killed or stopped mid-export keeps the previous export whole; a full disk
@@ -162,7 +162,7 @@ def _rank_failure(err: CheckpointException) -> BaseException:
 
 
 def save(
-    engine: Engine,
+    engine: TrainingEngine,
     output_dir: str | Path,
     step: int,
     state: dict,
@@ -313,7 +313,7 @@ def check_world_size(path: str | Path, world_size: int) -> None:
         )
 
 
-def load(engine: Engine, path: str | Path) -> dict:
+def load(engine: TrainingEngine, path: str | Path) -> dict:
     """Restore weights, optimizer, schedule and this rank's RNG; returns state.json. A
     damaged checkpoint is an ``OmniRLError`` naming the file (see ``damage``)."""
     path = Path(path)

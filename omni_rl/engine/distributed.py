@@ -9,7 +9,9 @@ so recipes call them unconditionally.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -76,6 +78,32 @@ def all_max(value: int) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+T = TypeVar("T")
+
+
+def lockstep(work: Sequence[T], filler: Callable[[], T] | None = None) -> list[tuple[T, bool]]:
+    """This rank's ``work`` padded to the longest list of any rank, so that every rank
+    runs as many sharded forwards and collectives (FSDP2 all-gathers, reductions): the
+    rule for a rank short of work, in every loop that can leave one short.
+
+    Returns ``(item, real)`` pairs: this rank's items with ``real`` True, then copies of
+    a filler with ``real`` False, which the caller runs with zero weight and whose
+    results it drops. The filler is ``filler()`` when given (called only when needed),
+    else this rank's first item; a rank with neither and a shortfall is a ValueError.
+    Every rank must call it at the same point (it is a collective)."""
+    longest = all_max(len(work))
+    own = [(item, True) for item in work]
+    if longest == len(work):
+        return own
+    if filler is not None:
+        pad = filler()
+    elif work:
+        pad = work[0]
+    else:
+        raise ValueError("a rank with no work of its own needs a filler to stay in step")
+    return own + [(pad, False)] * (longest - len(work))
 
 
 def all_gather_ints(value: int) -> list[int]:

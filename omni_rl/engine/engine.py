@@ -106,7 +106,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 @dataclass
 class StepResult:
-    """What one ``Engine.step`` did."""
+    """What one ``TrainingEngine.step`` did."""
 
     grad_norm: float
     """Global gradient norm before clipping (NaN or inf when skipped)."""
@@ -119,7 +119,7 @@ class StepResult:
     """Each parameter group's gradient norm before clipping, where groups clip apart."""
 
 
-class Engine:
+class TrainingEngine:
     """Wraps one trainable model and steps its optimizer.
 
     Args:
@@ -205,7 +205,7 @@ class Engine:
         device: torch.device,
         total_steps: int,
         param_groups: Callable[[nn.Module], list] | None = None,
-    ) -> Engine:
+    ) -> TrainingEngine:
         """An engine with the settings of a ``trainer:`` section."""
         return cls(
             model,

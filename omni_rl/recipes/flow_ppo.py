@@ -19,7 +19,7 @@ policy on them:
               its start noise from a generator of its own; a 95% interval
     LOG, CHECKPOINT
 
-Under torchrun each process steps its share of the envs (``omni_rl.sim.rollout``).
+Under torchrun each process steps its share of the envs (``omni_rl.sim.episodes``).
 Everything random (initial weights, BC batches, sampling noise, mini-batch order) comes
 from one stream seeded by the run seed, drawn alike on every process for the whole run
 and sliced; mini-batches are global and losses divide by global counts: N processes
@@ -46,14 +46,13 @@ from omni_rl.algorithms.ppo import (
 )
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.config import AdamWConfig
-from omni_rl.engine.engine import Engine, lr_factor
+from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
 from omni_rl.recipes.common import MetricsLog, Run, Timer, per_rank, start_run
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.sim import make_vec_env
-from omni_rl.sim.experts import check_demo_seeds, demo_chunks
-from omni_rl.sim.rollout import (
+from omni_rl.sim.episodes import (
     EnvShare,
     Rollout,
     binomial_interval,
@@ -62,6 +61,7 @@ from omni_rl.sim.rollout import (
     episode_seeds,
     evaluate_success,
 )
+from omni_rl.sim.experts import check_demo_seeds, demo_chunks
 
 # ------------------------------------------------------------------------------ pieces
 
@@ -117,7 +117,7 @@ def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
     return EnvShare(run.ranks.rank * count, count, cfg.env.num_envs)
 
 
-def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> Engine:
+def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEngine:
     """The engine, first with behaviour cloning's optimizer: Adam (AdamW without decay)
     over the actor, no clipping. ``strategy: auto`` is DDP with several processes."""
     t = cfg.trainer
@@ -126,7 +126,7 @@ def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> Engine:
     def actor(model: FlowPolicy) -> list[dict]:
         return [{"params": model.actor_parameters()}]
 
-    return Engine(
+    return TrainingEngine(
         policy,
         AdamWConfig(lr=cfg.bc.lr),
         run.device,
@@ -138,7 +138,9 @@ def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> Engine:
     )
 
 
-def behaviour_clone(engine: Engine, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog) -> float:
+def behaviour_clone(
+    engine: TrainingEngine, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog
+) -> float:
     """Fit the velocity field to the demonstrations; returns the last logged loss.
     Each step draws a global batch (rows, times, noise) from ``stream`` and this
     process takes its slice; the loss averages over the global batch."""
@@ -165,7 +167,7 @@ def behaviour_clone(engine: Engine, cfg: FlowPPOConfig, run: Run, stream: torch.
     return running
 
 
-def use_ppo_optimizer(engine: Engine, cfg: FlowPPOConfig) -> None:
+def use_ppo_optimizer(engine: TrainingEngine, cfg: FlowPPOConfig) -> None:
     """PPO's optimizer: Adam with separate actor and critic rates, each part's gradient
     norm clipped on its own (the critic's large early gradients never shrink the actor's
     step)."""
@@ -249,7 +251,7 @@ def advantage_scales(batches: list, adv: torch.Tensor) -> list[tuple[float, floa
 
 
 def ppo_loss(
-    engine: Engine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig, train_actor: bool, clip: float | None
+    engine: TrainingEngine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig, train_actor: bool, clip: float | None
 ) -> tuple[torch.Tensor, dict]:
     """The PPO loss of chunks ``b`` summed over them (the caller divides by the global
     mini-batch size), and their diagnostics: sums, and the largest ratio. Without
@@ -279,7 +281,7 @@ def ppo_loss(
 
 
 def update(
-    engine: Engine,
+    engine: TrainingEngine,
     rollout: Rollout,
     adv,
     returns,
@@ -344,7 +346,7 @@ def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
     return {f"train/{k}": v / max(len(grad_norms), 1) for k, v in totals.items()}
 
 
-def evaluate(engine: Engine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
+def evaluate(engine: TrainingEngine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
     """Held-out success (with its 95% interval), return and length: each process plays
     its share of the seeds with the full policy; the totals add up over processes."""
     t = cfg.trainer

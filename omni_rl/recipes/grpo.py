@@ -27,7 +27,7 @@ from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_polic
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
-from omni_rl.engine.engine import Engine
+from omni_rl.engine.engine import TrainingEngine
 from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
@@ -48,7 +48,7 @@ from omni_rl.recipes.grpo_config import GRPOConfig
 from omni_rl.recipes.heldout import HeldOut
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
-from omni_rl.rollout import build_engine
+from omni_rl.rollout import build_rollout_engine
 from omni_rl.rollout.hf import SamplingParams, concat_rollouts, select_groups
 
 _log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
     return score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
 
 
-def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
+def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
     """Sample, roll out and score until this rank has its share of ``prompts_per_step``
     (with dynamic sampling: prompts whose G rewards differ, within
     ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
@@ -119,8 +119,8 @@ def _collect(dataset, sampler, engine, processor, sampling, cfg: GRPOConfig, ski
             break
         rounds += 1
         with timer("rollout"):
-            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, engine.max_prompt_tokens(cfg.rollout))
-            rollouts = engine.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
+            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, rollout.max_prompt_tokens(cfg.rollout))
+            rollouts = rollout.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
             reward = torch.tensor([r.score for r in scored])
@@ -204,7 +204,7 @@ def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg
     )
 
 
-def _reference_logp(engine: Engine, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
+def _reference_logp(engine: TrainingEngine, reference, batch, chunk, ids, mask, pad_id, cfg) -> torch.Tensor:
     if reference is not None:
         return _logprobs(reference, batch, chunk, ids, mask, pad_id, cfg).logp
     with engine.module.disable_adapter():  # LoRA: the reference is the base without adapters
@@ -212,7 +212,7 @@ def _reference_logp(engine: Engine, reference, batch, chunk, ids, mask, pad_id, 
 
 
 @torch.no_grad()
-def _sequence_kl(engine: Engine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
+def _sequence_kl(engine: TrainingEngine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
     """Summed per-token KL estimate of each completion: [B*G]."""
     ids, everything = rollouts.completion_ids.to(engine.device), list(range(len(batch.samples)))
     logp = _logprobs(engine.model, batch, everything, ids, mask, pad_id, cfg).logp
@@ -263,10 +263,10 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     heldout = HeldOut.for_run(cfg, run.out)
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     total = cfg.trainer.steps * _updates_per_step(cfg)
-    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
+    engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
     if reference is not None:
         reference = engine.wrap_frozen(reference)
-    rollout = build_engine(cfg, engine.module, processor, model_dir(cfg, run.out), run.out)
+    rollout = build_rollout_engine(cfg, engine.module, processor, model_dir(cfg, run.out), run.out)
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     kept = SamplingFilter(tuple(rollout.banned), cfg.rollout.top_k, cfg.rollout.top_p)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
@@ -382,7 +382,7 @@ def _ratio_log(out, behaviour: torch.Tensor, mask: torch.Tensor, rows: list[int]
 
 
 def _update(
-    engine: Engine,
+    engine: TrainingEngine,
     reference,
     batch,
     rollouts,

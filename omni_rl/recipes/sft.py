@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
-from omni_rl.engine.engine import Engine
+from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
 from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion, collate_prompts
@@ -85,7 +85,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     dataset, sampler = setup_data(cfg)  # every row checked before the model is built
     heldout = HeldOut.for_run(cfg, run.out)
     model, processor, _ = setup_model(cfg, run)
-    engine = Engine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
+    engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
     log, bar = resume_steps(cfg, run, engine, sampler, "sft")
     row: dict = {}

@@ -31,7 +31,7 @@ def _vllm(cfg, model, processor, model_dir: Path, work_dir: Path):
     return VLLMRolloutEngine(model_dir, processor, cfg.rollout, model, work_dir, seed=cfg.run.seed)
 
 
-def build_engine(cfg, model, processor, model_dir: Path, work_dir: Path):
+def build_rollout_engine(cfg, model, processor, model_dir: Path, work_dir: Path):
     """The configured engine for a policy loaded from ``model_dir``; ``work_dir`` (the
     run's directory) holds what an engine writes (vLLM's LoRA adapters). Call
     ``load_weights(model)`` before the first rollout."""

@@ -1,5 +1,5 @@
 """Running a chunk policy in batched environments: chunk execution, rollouts for PPO
-and held-out evaluation (imported as ``omni_rl.sim.rollout``; no simulator is
+and held-out evaluation (imported as ``omni_rl.sim.episodes``; no simulator is
 imported: envs are passed in).
 
 Several processes: each steps its share of a run's envs, an :class:`EnvShare` (global
