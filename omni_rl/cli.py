@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from omni_rl.errors import OmniRLError
@@ -47,12 +47,30 @@ def command(name: str, help: str, *arguments: tuple[tuple, dict]) -> Callable:
     return decorate
 
 
-# the presets of omni_rl.benchmarks (a test keeps the two in step; importing them here
-# would make --help slow)
-BENCHMARK_NAMES = ("mvbench", "videomme", "videomme_w_subtitle", "vsibench", "charades_sta", "mmau_test_mini")
-# the formats of omni_rl.data.convert: training sets, then the benchmark presets (with
-# subtitles or not, Video-MME's rows are the same)
-DATA_FORMATS = ("video-r1", "llava-video", *(n for n in BENCHMARK_NAMES if n != "videomme_w_subtitle"))
+class RegisteredNames:
+    """The names in a registry, read from it when argparse first asks (parsing the
+    option, or printing its command's help): importing the benchmark presets to list
+    them would make ``omni-rl --help`` slow (they import the reward scorers)."""
+
+    def __init__(self, module: str, registry: str):
+        self.module, self.registry = module, registry
+
+    def names(self) -> list[str]:
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.registry).names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+
+# the presets of omni_rl.benchmarks, and the formats of omni_rl.data.convert (training
+# sets, then the presets with rows of their own)
+BENCHMARK_NAMES = RegisteredNames("omni_rl.benchmarks", "BENCHMARKS")
+DATA_FORMATS = RegisteredNames("omni_rl.data.convert", "FORMATS")
 
 
 def overrides(example: str) -> tuple[tuple, dict]:
@@ -93,7 +111,8 @@ def _config_file(args: argparse.Namespace, name: str, metavar: str) -> str:
     overrides("--set trainer.steps=10"),
 )
 def _config_check(args: argparse.Namespace) -> int:
-    from omni_rl.config import load_config, recipe_name
+    from omni_rl.config import recipe_name
+    from omni_rl.recipe_loader import load_config
 
     files = [*args.files, *args.config_files]
     if not files:
@@ -113,7 +132,8 @@ def _config_check(args: argparse.Namespace) -> int:
 def _config_show(args: argparse.Namespace) -> int:
     import yaml
 
-    from omni_rl.config import load_config, recipe_name, to_dict
+    from omni_rl.config import recipe_name, to_dict
+    from omni_rl.recipe_loader import load_config
 
     cfg = load_config(_config_file(args, "config show", "FILE"), args.overrides)
     print(yaml.safe_dump({"recipe": recipe_name(cfg), **to_dict(cfg)}, sort_keys=False), end="")
@@ -150,26 +170,26 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run_recipe(args: argparse.Namespace, expected: str) -> int:
     """Load ``args.config`` (default: recipe ``expected``'s defaults), check that it is an
-    ``expected`` config, run it through the recipe registry and print its summary."""
+    ``expected`` config, run it through the recipe table and print its summary."""
     import json
 
-    from omni_rl.config import load_config
-    from omni_rl.recipes import recipe_of
+    from omni_rl.recipe_loader import load_config, runner
+    from omni_rl.recipe_table import recipe_of
 
     cfg = load_config(args.config, args.overrides, recipe=expected)
     recipe = recipe_of(cfg)
     if recipe.name != expected:
         raise OmniRLError(f"{args.config}: recipe '{recipe.name}' is not '{expected}' (run it with {recipe.command})")
-    print(json.dumps(recipe.run(cfg), indent=2))
+    print(json.dumps(runner(recipe)(cfg), indent=2))
     return 0
 
 
 def _budgets(config: str | None, overrides: list[str]):
     """Media budgets from any config with a ``media`` section (default: preprocess
     defaults), and its ``data.columns`` (empty without a data section)."""
-    from omni_rl.config import load_config
     from omni_rl.errors import ConfigError
     from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.recipe_loader import load_config
 
     cfg = load_config(config, overrides, recipe="preprocess")
     if not hasattr(cfg, "media"):
@@ -183,13 +203,13 @@ def _budgets(config: str | None, overrides: list[str]):
     *config_file("CONFIG"),
     arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
     arg("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run (deletes it)"),
-    overrides("--set trainer.steps=10 (flow_ppo: --set trainer.iterations=50)"),
+    overrides("--set trainer.steps=10"),
 )
 def _train(args: argparse.Namespace) -> int:
     import json
 
-    from omni_rl.config import load_config
-    from omni_rl.recipes import recipe_of, trainable
+    from omni_rl.recipe_loader import load_config, runner
+    from omni_rl.recipe_table import recipe_of, trainable
 
     path = _config_file(args, "train", "CONFIG")
     cfg = load_config(path, [*args.overrides, *(["run.overwrite=true"] if args.overwrite else [])])
@@ -202,7 +222,7 @@ def _train(args: argparse.Namespace) -> int:
     from omni_rl.engine import distributed
 
     try:
-        final = recipe.run(cfg, resume=args.resume)
+        final = runner(recipe)(cfg, resume=args.resume)
     finally:
         distributed.shutdown()
     if distributed.ranks().is_main:
@@ -233,7 +253,7 @@ def _attach_talker(args: argparse.Namespace) -> int:
     arg("--audio", action="store_true", help="run the audio quickstart instead"),
     arg("--sim", action="store_true", help="run the simulation quickstart instead"),
     arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
-    overrides("--set grpo.trainer.steps=10 (--sim: --set trainer.iterations=50)"),
+    overrides("--set grpo.trainer.steps=10 (--sim: --set trainer.steps=50)"),
 )
 def _quickstart(args: argparse.Namespace) -> int:
     if args.audio and args.sim:
@@ -247,7 +267,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     "with its published protocol (--benchmark); --predictions scores saved responses with no model",
     arg("--model", metavar="DIR", help="a checkpoint directory, or a training run's directory (its final model/)"),
     arg("--data", required=True, metavar="DATA", help="a JSONL or Parquet dataset, or the benchmark's directory"),
-    arg("--benchmark", metavar="NAME", help="a benchmark preset: " + ", ".join(BENCHMARK_NAMES)),
+    arg("--benchmark", metavar="NAME", choices=BENCHMARK_NAMES, help="a benchmark preset: %(choices)s"),
     arg("--predictions", metavar="FILE", help="with --benchmark: JSONL of {id, response} to score (no model)"),
     arg("--samples", type=int, default=None, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
     arg("--config", metavar="FILE", help="a config whose media, data.prompt_template and rewards sections apply"),
@@ -267,33 +287,41 @@ def _eval(args: argparse.Namespace) -> int:
         raise OmniRLError("eval: --predictions needs --benchmark (the preset's parser and metric score them)")
     if not args.model:
         raise OmniRLError("eval: --model is required (or --benchmark with --predictions)")
+    import json
     from pathlib import Path
 
-    from omni_rl.config import load_config
-    from omni_rl.data.dataset import DEFAULT_TEMPLATE, MediaDataset
-    from omni_rl.evaluate import dumps, evaluate, table
+    from omni_rl.data.config import DataConfig
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.evaluation.pipeline import evaluate_rows
+    from omni_rl.evaluation.summary import rows_table
     from omni_rl.models import load
     from omni_rl.preprocess.pipeline import Budgets
-    from omni_rl.runtime import resolve_device, resolve_dtype, set_threads
+    from omni_rl.recipe_loader import load_config
+    from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")
     samples = args.samples or 1
     if samples < 1:
         raise OmniRLError("--samples must be >= 1")
-    set_threads(getattr(getattr(cfg, "run", None), "threads", None))
-    device = resolve_device(getattr(getattr(cfg, "run", None), "device", "auto"))
+    # any recipe's config: the sections it has apply, the defaults stand in for the others
+    sections = vars(cfg)
+    run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
+    rewards = sections.get("rewards")
+    set_threads(run.threads)
+    device = resolve_device(run.device)
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
-    template = cfg.data.prompt_template if hasattr(cfg, "data") else DEFAULT_TEMPLATE
-    columns = dict(cfg.data.columns) if hasattr(cfg, "data") else None
-    strict = cfg.data.strict if hasattr(cfg, "data") else False
     dataset = MediaDataset(
-        args.data, Budgets.from_config(cfg.media), strict=strict, prompt_template=template, columns=columns
+        args.data,
+        Budgets.from_config(cfg.media),
+        strict=data.strict,
+        prompt_template=data.prompt_template,
+        columns=dict(data.columns),
     )
-    settings = cfg.rewards.settings() if hasattr(cfg, "rewards") else None
-    summary = evaluate(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
-    print(table(summary))
+    settings = rewards.settings() if rewards is not None else None
+    summary = evaluate_rows(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
+    print(rows_table(summary))
     if args.out:
-        Path(args.out).write_text(dumps(summary))
+        Path(args.out).write_text(json.dumps(summary, indent=2))
     return 0
 
 
@@ -315,30 +343,34 @@ def _protocol_overrides(args: argparse.Namespace) -> dict:
 
 
 def _eval_benchmark(args: argparse.Namespace) -> int:
+    import dataclasses
     from pathlib import Path
 
-    from omni_rl.benchmarks import run
+    from omni_rl.engine.distributed import sum_counts
+    from omni_rl.evaluation import benchmark
+    from omni_rl.evaluation.pipeline import answer_benchmark, evaluate_benchmark
+    from omni_rl.evaluation.summary import benchmark_table
 
     overrides = _protocol_overrides(args)
     out = Path(args.out or f"runs/eval/{args.benchmark}")
-    prepared = run.prepare(args.benchmark, args.data, out, overrides)
+    prepared = benchmark.prepare(args.benchmark, args.data, out, overrides)
     config = {"model": args.model, "predictions": args.predictions, "overrides": overrides, "cache": args.cache}
     if args.predictions:
-        answers, failures = run.read_predictions(args.predictions), []
+        answers, failures = benchmark.read_predictions(args.predictions), []
     elif args.model:
         from omni_rl.models import family_of, load
         from omni_rl.runtime import resolve_device, resolve_dtype
 
         device = resolve_device("auto")
         model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
-        family = family_of(args.model).name
-        answers, failures, config["media"] = run.answer_with_model(prepared, model, processor, family, args.cache)
+        dataset, media = benchmark.media_dataset(prepared, family_of(args.model).name, args.cache)
+        answers, failures = answer_benchmark(prepared, dataset, model, processor)
+        config["media"] = {"settings": dataclasses.asdict(media), **sum_counts(dataset.cache_metrics())}
     else:
         raise OmniRLError("eval --benchmark: give --model DIR or --predictions FILE")
-    scored = run.score(prepared, answers)
-    summary = run.results(prepared, scored, failures, config)
-    path = run.write(out, summary, scored, prepared.protocol.metric)
-    print(run.table(summary))
+    summary, scored = evaluate_benchmark(prepared, answers, failures, config)
+    path = benchmark.write(out, summary, scored, prepared.protocol.metric)
+    print(benchmark_table(summary))
     print(f"wrote {path} and {out}/samples_{args.benchmark}.jsonl")
     return 0
 
@@ -353,7 +385,7 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         required=True,
         choices=DATA_FORMATS,
         metavar="FORMAT",
-        help=f"source format: {', '.join(DATA_FORMATS)}",
+        help="source format: %(choices)s",
     ),
     arg(
         "--out", required=True, metavar="OUT", help="output JSONL; also writes OUT's .failures.jsonl and .summary.json"
@@ -506,7 +538,7 @@ def _rewards_check(args: argparse.Namespace) -> int:
 
 def _data_columns(args: argparse.Namespace) -> dict:
     """``data.columns`` of ``--config`` (empty without one)."""
-    from omni_rl.config import load_config
+    from omni_rl.recipe_loader import load_config
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")
     return dict(getattr(getattr(cfg, "data", None), "columns", {}) or {})
@@ -515,7 +547,7 @@ def _data_columns(args: argparse.Namespace) -> dict:
 def _rewards_config(args: argparse.Namespace):
     """The ``rewards`` section of ``--config`` (default: built-in) with its plug-in
     scorers registered; None for a config with no such section."""
-    from omni_rl.config import load_config
+    from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import load_plugins
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")

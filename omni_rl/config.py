@@ -2,13 +2,16 @@
 
 This module is only the machinery; every section lives beside what it configures
 (``omni_rl/engine/config.py``: trainer and optimizer; ``omni_rl/data/config.py``: data;
-``omni_rl/recipes/grpo_config.py``: the GRPO root config; ...). A config file names its
-recipe at the top (``recipe: grpo``), which picks the root dataclass from the recipe
-registry (``omni_rl.recipes.RECIPES``); every section below it is a dataclass whose
-fields carry a one-line docstring. A mapping given for a section overrides only the
-keys it names: the rest keep that field's default (which may differ from the section
-class's own defaults). Sections with several implementations (optimizers, ...) derive
-from ``Choice`` and pick their class by a ``type:`` key from a registry.
+``omni_rl/recipes/grpo_config.py``: the GRPO root config; ...) and it imports nothing
+of the recipes: the caller gives the root dataclass (``build_config``). A config file
+names its recipe at the top (``recipe: grpo``); ``omni_rl.recipe_loader``, at the top
+beside the CLI, resolves that name through the recipe table (``omni_rl.recipe_table``,
+plain data, which also gives ``save_config`` the name to write). Every section is a
+dataclass whose fields carry a one-line docstring. A mapping given for a section
+overrides only the keys it names: the rest keep that field's default (which may differ
+from the section class's own defaults). Sections with several implementations
+(optimizers, ...) derive from ``Choice`` and pick their class by a ``type:`` key from a
+registry.
 
 Everything a user can get wrong is a ``ConfigError`` that names the file, the dotted
 key and the reason: an unknown key (with the closest valid key), a wrong type, a
@@ -26,7 +29,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from omni_rl.errors import ConfigError, OmniRLError
+from omni_rl.errors import ConfigError
+from omni_rl.recipe_table import recipe_of
 from omni_rl.registry import Registry, did_you_mean
 
 
@@ -253,22 +257,13 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
     return out
 
 
-def config_from_dict(raw: dict, source: str = "config") -> Any:
-    """The root config of ``raw['recipe']``, validated; errors name ``source``."""
+def build_config(root: type, raw: dict, source: str = "config") -> Any:
+    """The root config ``root`` (a dataclass) from its sections ``raw``, validated; errors
+    name ``source``."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
-    from omni_rl.recipes import get_recipe, recipes
-
-    raw = dict(raw)
-    name = raw.pop("recipe", None)
-    if name is None:
-        raise ConfigError(f"{source}: missing 'recipe' key; known recipes: {', '.join(recipes())}")
     try:
-        recipe = get_recipe(str(name))
-    except OmniRLError as err:
-        raise ConfigError(f"{source}: recipe: {err}") from None
-    try:
-        return _build(recipe.config, raw, "")
+        return _build(root, raw, "")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
@@ -289,23 +284,8 @@ def read_yaml(path: str | Path) -> dict:
     return data if data is not None else {}
 
 
-def load_config(path: str | Path | None, overrides: Iterable[str] = (), recipe: str | None = None) -> Any:
-    """Load, override and validate a config file.
-
-    Args:
-        path: a YAML file; None starts from ``recipe``'s defaults.
-        overrides: ``a.b=c`` strings applied before validation.
-        recipe: the recipe of a config built from defaults alone.
-    """
-    raw = read_yaml(path) if path is not None else {"recipe": recipe}
-    raw = apply_overrides(raw, overrides)
-    return config_from_dict(raw, str(path) if path is not None else f"<{recipe} defaults>")
-
-
 def recipe_name(cfg: Any) -> str:
-    """The recipe name a root config was registered under."""
-    from omni_rl.recipes import recipe_of
-
+    """The name of the recipe whose root config ``cfg`` is, from the recipe table."""
     return recipe_of(cfg).name
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -15,6 +17,19 @@ class OmniRLError(Exception):
 
 class ConfigError(OmniRLError):
     """A config file or override that does not match the schema."""
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """A row that could not be used: where it is and why (the row readers, converters and
+    benchmark presets report these; the one type every layer shares)."""
+
+    id: str | None
+    path: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
 
 
 class DiskFull(OmniRLError):

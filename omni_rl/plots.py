@@ -19,8 +19,8 @@ DEFAULT_KEYS = (
     "env/success_once",
     "env/return",
     "eval/success",
-    "train/policy_loss",
-    "train/value_loss",
+    "loss/policy",
+    "loss/value",
     "policy/noise_std",
     "throughput/env_steps_per_s",
 )

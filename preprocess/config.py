@@ -9,7 +9,6 @@ from typing import Literal
 
 from omni_rl.config import require
 from omni_rl.models.config import require_family
-from omni_rl.recipes import register_recipe
 from omni_rl.rewards.config import RewardsConfig
 
 
@@ -82,7 +81,6 @@ class MediaConfig:
             require(low is None or high is None or low <= high, f"{kind}_max_pixels", f"must be >= {kind}_min_pixels")
 
 
-@register_recipe("preprocess", command="omni-rl preprocess, eval, rewards check and cache gc (--config)")
 @dataclass
 class PreprocessConfig:
     """Offline caching of a dataset's media (``omni-rl preprocess``)."""

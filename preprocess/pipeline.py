@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_rl.errors import DiskFull, OmniRLError, disk_full
+from omni_rl.errors import DiskFull, OmniRLError, RowFailure, disk_full
 from omni_rl.preprocess.audio import SAMPLE_RATE, NoAudioStream, decode_audio
 from omni_rl.preprocess.cache import MediaCache, atomic_write_bytes, entry_key, file_digest, params_digest
 from omni_rl.preprocess.image import ImageBudget, read_image
 from omni_rl.preprocess.index import DatasetIndex, IndexedMedium, IndexMiss, lookup
-from omni_rl.preprocess.rows import Row, RowFailure, read_rows, resolve_media_path
+from omni_rl.preprocess.rows import Row, read_rows, resolve_media_path
 from omni_rl.preprocess.video import VideoBudget, read_video
 
 KINDS = {"images": "image", "videos": "video", "audios": "audio"}

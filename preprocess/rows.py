@@ -1,4 +1,4 @@
-"""Dataset rows from JSONL or Parquet, checked against the row schema (README, "The
+"""Dataset rows from JSONL or Parquet, checked against the row schema (docs/guides/data.md, "The
 row format").
 
 A bad row never stops a read: it becomes a ``RowFailure`` naming the file, the row
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import OmniRLError, RowFailure
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +69,6 @@ class Row:
     source: str = ""
     """``file:line`` (JSONL) or ``file:index`` (Parquet) where the row was read."""
     fields: dict = field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class RowFailure:
-    """A row that could not be used: where it is and why."""
-
-    id: str | None
-    path: str
-    reason: str
-
-    def to_json(self) -> str:
-        return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
 
 
 def read_failures(path: str | Path) -> list[RowFailure]:

@@ -16,7 +16,7 @@ import mani_skill.envs  # noqa: E402, F401  (registers the tasks)
 from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper  # noqa: E402
 
 from omni_rl.runtime import set_threads  # noqa: E402
-from omni_rl.sim.maniskill import TaskSettings  # noqa: E402
+from omni_rl.sim.maniskill_task import TaskSettings  # noqa: E402
 
 
 def make_cpu_env(settings: TaskSettings) -> CPUGymWrapper:

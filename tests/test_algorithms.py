@@ -112,6 +112,40 @@ def test_clip_higher():
     assert loss.item() == approx(-1.28)
 
 
+def test_clipped_policy_loss_as_flow_ppo_uses_it_per_chunk_and_per_element():
+    # flow PPO: 2 chunks of 2 action elements, A = +2 and -1, clip 0.8..1.28, each chunk's
+    # mean over its elements summed over chunks (denominator 1):
+    #   chunk 1, A = +2: r = 1.5, 1.0: -A*r = -3.0, -2.0; -A*clip(r) = -2.56, -2.0; max = -2.56, -2.0
+    #   chunk 2, A = -1: r = 0.5, 2.0: -A*r = 0.5, 2.0; -A*clip(r) = 0.8, 1.28; max = 0.8, 2.0
+    #   loss = (-2.56 - 2.0) / 2 + (0.8 + 2.0) / 2 = -2.28 + 1.4 = -0.88
+    logp, old = logs(1.5, 1.0, 0.5, 2.0).view(2, 2), torch.zeros(2, 2)
+    adv, mask = torch.tensor([2.0, -1.0]), torch.ones(2, 2)
+    loss, stats = clipped_policy_loss(
+        logp, old, adv, mask, 0.2, 0.28, aggregation="seq-mean-token-mean", denominator=1.0
+    )
+    assert loss.item() == approx(-0.88)
+    # the clipped term is active for 1.5 (A > 0, above 1.28) and 0.5 (A < 0, below 0.8);
+    # 2.0 lies outside the range too, but with A < 0 its unclipped term is the larger: 2 of 4
+    assert stats.clip_fraction == approx(0.5)
+    # (r - 1) - log r: 1.5: 0.5 - 0.405465 = 0.094535; 1.0: 0; 0.5: -0.5 + 0.693147 = 0.193147;
+    # 2.0: 1 - 0.693147 = 0.306853; mean 0.594535 / 4 = 0.148634
+    assert stats.approx_kl == approx(0.148634)
+    assert stats.ratio_mean == approx(1.25) and stats.ratio_max == approx(2.0)
+    # one ratio per chunk is a row of one element: chunk ratios 1.5 (A = +2) and 0.5 (A = -1):
+    # max(-3.0, -2.56) + max(0.5, 0.8) = -2.56 + 0.8 = -1.76, both clipped
+    loss, stats = clipped_policy_loss(
+        logs(1.5, 0.5).view(2, 1),
+        torch.zeros(2, 1),
+        adv,
+        torch.ones(2, 1),
+        0.2,
+        0.28,
+        aggregation="seq-mean-token-mean",
+    )
+    assert loss.item() == approx(-1.76 / 2)  # denominator unset: the chunks' own count
+    assert stats.clip_fraction == approx(1.0)
+
+
 def test_policy_loss_gradient_vanishes_when_clipped():
     logp = logs(1.5, 0.9).requires_grad_()
     loss, _ = clipped_policy_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))

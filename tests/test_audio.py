@@ -152,9 +152,9 @@ def test_a_video_without_sound_can_be_heard_as_video_only(tmp_path, tiny_checkpo
 
 
 def test_the_r1_aqa_recipe_asks_and_scores_as_r1_aqa(tmp_path):
-    from omni_rl.config import load_config
     from omni_rl.data.dataset import render_prompt
     from omni_rl.preprocess.rows import read_rows
+    from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import score
 
     cfg = load_config("configs/qwen2_audio_r1_aqa.yaml")
@@ -189,7 +189,7 @@ def test_the_r1_aqa_recipe_asks_and_scores_as_r1_aqa(tmp_path):
 def grpo_on(tmp_path, rows_file, family, **sections):
     """Two GRPO steps on ``data``'s rows, rewarded by ``reward_plugins.vowel_share``
     (a random tiny model's answers vary on it, so advantages are not all zero)."""
-    from omni_rl.config import config_from_dict
+    from omni_rl.recipe_loader import config_from_dict
     from omni_rl.recipes import grpo
 
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]

@@ -36,8 +36,16 @@ def metrics(results, name):
     return {k.removesuffix(",none"): v for k, v in results["results"][name].items() if k != "alias"}
 
 
-def test_the_cli_names_every_preset():
-    assert set(BENCHMARK_NAMES) == set(BENCHMARKS.names())
+def test_every_list_of_presets_is_the_registry():
+    """eval --benchmark offers every preset and data convert every preset with rows of
+    its own (Video-MME with subtitles converts as videomme), read from the registry."""
+    from omni_rl.cli import DATA_FORMATS
+    from omni_rl.data.convert import FORMATS
+
+    assert list(BENCHMARK_NAMES) == BENCHMARKS.names()
+    own_rows = {name for name in BENCHMARKS if BENCHMARKS.get(name).rows_of is None}
+    assert {name for name in FORMATS if name in BENCHMARKS} == own_rows == set(CONVERTED)
+    assert own_rows <= set(DATA_FORMATS) and "videomme_w_subtitle" not in DATA_FORMATS
 
 
 def test_mvbench_accuracy_per_task_and_both_denominators(tmp_path):
@@ -84,7 +92,7 @@ def test_mvbench_divides_by_non_empty_responses_as_lmms_eval_does(tmp_path):
     assert BENCHMARKS.get("mvbench").protocol.metric == "accuracy_responded"
 
 
-@pytest.mark.parametrize("name", BENCHMARK_NAMES)
+@pytest.mark.parametrize("name", BENCHMARKS.names())
 def test_results_name_the_lmms_eval_release_each_preset_follows(tmp_path, name):
     """Each preset's docs and results name lmms-eval 0.7.2, its parser and its
     denominator; the default metric divides as that release does."""

@@ -126,8 +126,9 @@ def test_set_is_only_on_commands_that_read_a_config_and_its_examples_apply():
 
     from omni_rl.benchmarks.base import Protocol
     from omni_rl.cli import COMMANDS
-    from omni_rl.config import load_config, parse_override
+    from omni_rl.config import parse_override
     from omni_rl.errors import OmniRLError
+    from omni_rl.recipe_loader import load_config
 
     def flag(name, option):
         return next((kw for flags, kw in COMMANDS.get(name).arguments if option in flags), None)
@@ -168,13 +169,14 @@ def test_rewards_score_takes_its_response_as_an_option(capsys, monkeypatch):
     assert "did you mean 'template'" in capsys.readouterr().err
 
 
-def test_readme_lists_every_subcommand():
+def test_the_cli_page_lists_every_subcommand():
     import re
 
     from omni_rl.cli import COMMANDS
 
-    section = (ROOT / "README.md").read_text().split("## The `omni-rl` command", 1)[1]
-    block = section.split("```", 2)[1]
+    page = (ROOT / "docs" / "guides" / "cli.md").read_text()
+    assert page.startswith("# The `omni-rl` command")
+    block = page.split("```", 2)[1]
     listed = set()
     for line in block.splitlines():
         if line.startswith("omni-rl "):

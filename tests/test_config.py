@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omni_rl.config import config_from_dict, load_config, recipe_name, save_config, to_dict
+from omni_rl.config import recipe_name, save_config, to_dict
 from omni_rl.demos.demo_config import DemoConfig
 from omni_rl.engine.config import AdamWConfig, SGDConfig
 from omni_rl.errors import ConfigError, OmniRLError
-from omni_rl.recipes import CONFIG_MODULES, RECIPES, get_recipe, recipe_of, recipes, trainable
+from omni_rl.recipe_loader import config_from_dict, load_config, root_config, runner
+from omni_rl.recipe_table import RECIPES, class_path, get_recipe, recipe_names, recipe_of, trainable
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -20,7 +21,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     recipe = get_recipe(yaml.safe_load(path.read_text())["recipe"])
-    assert type(cfg) is recipe.config and recipe_of(cfg) is recipe
+    assert type(cfg) is root_config(recipe) and recipe_of(cfg) is recipe
 
 
 def test_shipped_configs_exist():
@@ -125,11 +126,11 @@ def test_resolved_config_round_trips(tmp_path):
     assert to_dict(load_config(path)) == to_dict(cfg)
 
 
-# ------------------------------------------------------------------- the recipe registry
+# ---------------------------------------------------------------------- the recipe table
 
 
-def test_one_registry_knows_every_recipe_and_its_runner():
-    assert list(recipes()) == [
+def test_one_table_knows_every_recipe_and_its_runner():
+    assert recipe_names() == [
         "demo",
         "flow_ppo",
         "grpo",
@@ -140,14 +141,16 @@ def test_one_registry_knows_every_recipe_and_its_runner():
         "sft",
     ]
     assert trainable() == ["flow_ppo", "grpo", "sft"]
-    assert len(CONFIG_MODULES) == len(RECIPES.names())
-    for name in recipes():
-        recipe = get_recipe(name)
-        assert recipe_name(recipe.config()) == name  # every root config builds from defaults
-        assert recipe_of(recipe.config) is recipe
+    assert len(RECIPES) == len(recipe_names())  # one row per name
+    for recipe in RECIPES:
+        assert get_recipe(recipe.name) is recipe
+        root = root_config(recipe)
+        # the row names the class where it is defined: save_config finds a name by it
+        assert class_path(root) == recipe.config
+        assert recipe_name(root()) == recipe.name  # every root config builds from defaults
+        assert recipe_of(root) is recipe
         if recipe.runner is not None:
-            module, _, function = recipe.runner.partition(":")
-            assert module.startswith("omni_rl.") and function
+            assert callable(runner(recipe))
     assert get_recipe("grpo").runner == "omni_rl.recipes.grpo:train"
     assert get_recipe("quickstart").runner == "omni_rl.demos.quickstart:main"
     with pytest.raises(OmniRLError, match=r"unknown recipe 'gpro' \(did you mean 'grpo'\?\); known: demo, flow_ppo"):
@@ -157,7 +160,7 @@ def test_one_registry_knows_every_recipe_and_its_runner():
 @pytest.mark.slow
 def test_reading_configs_imports_no_training_loop():
     code = (
-        "import sys; from omni_rl.config import load_config; load_config('configs/grpo_tiny_shapes.yaml');"
+        "import sys; from omni_rl.recipe_loader import load_config; load_config('configs/grpo_tiny_shapes.yaml');"
         "load_config('configs/quickstart.yaml');"
         "prefixes = ('omni_rl.recipes.', 'omni_rl.demos.', 'omni_rl.engine.');"
         "print(*sorted(m for m in sys.modules if m.startswith(prefixes)))"
@@ -229,7 +232,7 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     evaluation = {"accuracy": 0.5, "per_type": {}, "per_source": {}, "rows": 8}
     monkeypatch.setattr(quickstart, "_held_out", lambda *a: evaluation)
     monkeypatch.setattr(quickstart, "_plots", lambda out: None)
-    monkeypatch.setattr(quickstart, "table", lambda summary: "")
+    monkeypatch.setattr(quickstart, "rows_table", lambda summary: "")
     monkeypatch.setattr(quickstart.checkpoint, "latest", lambda out: Path(out) / "checkpoints" / "step-1")
     overrides = [f"run.output_dir={tmp_path}", "data.train_videos=4", "data.heldout_videos=2"]
     cfg = load_config(None, [*overrides, "grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"], recipe="quickstart")

@@ -4,8 +4,8 @@ import json
 
 import yaml
 
-from omni_rl.config import load_config
 from omni_rl.demos import demo
+from omni_rl.recipe_loader import load_config
 
 
 def test_demo_runs_logs_and_learns_the_answer(tmp_path):

@@ -23,8 +23,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from omni_rl.config import load_config
 from omni_rl.preprocess.scenes import write_video_qa
+from omni_rl.recipe_loader import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -204,7 +204,7 @@ def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path
 ADVANTAGES_ON_RANKS = """
 import json, sys
 import torch
-from omni_rl.config import load_config
+from omni_rl.recipe_loader import load_config
 from omni_rl.engine import distributed
 from omni_rl.recipes import grpo
 

@@ -171,8 +171,8 @@ def test_the_schedule_moves_on_over_a_skipped_step():
 
 
 def test_a_schedule_end_under_a_constant_rate_is_refused():
-    from omni_rl.config import config_from_dict
     from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
 
     with pytest.raises(ConfigError, match=r"trainer\.min_lr_ratio: does nothing under schedule: constant"):
         config_from_dict({"recipe": "demo", "trainer": {"min_lr_ratio": 0.1}})

@@ -1,5 +1,5 @@
 """Flow-policy math: log-likelihoods against torch.distributions, Flow-SDE's marginals,
-GAE and PPO losses against values worked out by hand, and the policy's own consistency."""
+GAE and the value loss against values worked out by hand, and the policy's own consistency."""
 
 from __future__ import annotations
 
@@ -18,15 +18,9 @@ from omni_rl.algorithms.flow import (
     sde_sigma,
     sde_step,
 )
-from omni_rl.algorithms.ppo import (
-    chunk_discounting,
-    clipped_surrogate,
-    explained_variance,
-    gae,
-    group_advantages,
-    value_loss,
-)
+from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
 from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.sim.episodes import EnvShare, binomial_interval, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv
 
@@ -140,19 +134,6 @@ def test_gae_stops_at_an_episode_end_inside_the_rollout():
     assert adv.flatten().tolist() == [1.0, 1.0]
 
 
-def test_clipped_surrogate_by_hand():
-    logp = torch.log(torch.tensor([1.5, 0.5]))
-    loss, stats = clipped_surrogate(logp, torch.zeros(2), torch.tensor([2.0, -1.0]), 0.2, 0.28)
-    assert loss.item() == pytest.approx((-2.56 + 0.8) / 2)
-    assert stats["clip_fraction"] == 1.0 and stats["ratio_mean"] == pytest.approx(1.0)
-
-
-def test_clipped_surrogate_per_element_broadcasts_chunk_advantages():
-    logp = torch.zeros(2, 3)
-    loss, _ = clipped_surrogate(logp, torch.zeros(2, 3), torch.tensor([1.0, 3.0]), 0.2, 0.2)
-    assert loss.item() == pytest.approx(-2.0)
-
-
 def test_value_loss_clips_pessimistically_with_huber():
     loss = value_loss(torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([3.0]), clip=0.5, huber_delta=1.0)
     assert loss.item() == pytest.approx(1.0)
@@ -160,18 +141,19 @@ def test_value_loss_clips_pessimistically_with_huber():
     assert unclipped.item() == pytest.approx(0.5)
 
 
-def test_group_advantages_by_hand():
-    adv = group_advantages(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]))
-    assert adv.tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0], abs=1e-5)
+def flow_policy(**fields) -> FlowPolicy:
+    """A policy over 6-dim observations and 2-dim actions with these ``policy:`` fields."""
+    return FlowPolicy(FlowPolicyConfig(**fields), 6, 2)
 
 
-@pytest.mark.parametrize(("method", "mode"), [("flow_noise", "hybrid"), ("flow_sde", "hybrid"), ("flow_sde", "chain")])
+@pytest.mark.parametrize(("method", "mode"), [("flow_noise", None), ("flow_sde", "hybrid"), ("flow_sde", "chain")])
 def test_policy_scores_its_own_samples_as_it_drew_them(method, mode):
     torch.manual_seed(0)
-    policy = FlowPolicy(6, 2, horizon=4, executed=2, steps=5, width=32, method=method, sde_mode=mode)
+    sde = {"sde_mode": mode} if method == "flow_sde" else {}
+    policy = flow_policy(horizon=4, executed=2, denoise_steps=5, width=32, method=method, **sde)
     obs = torch.randn(7, 6)
     sample = policy.sample(obs, generator=torch.Generator().manual_seed(3))
-    logp, entropy, value = policy.evaluate(obs, sample.chain, sample.stochastic)
+    logp, entropy, value = policy.chain_logprob_value(obs, sample.chain, sample.stochastic)
     assert torch.allclose(logp, sample.logp, atol=1e-4)
     assert torch.allclose(value, sample.value, atol=1e-6)
     assert sample.actions.shape == (7, 4, 2) and torch.equal(sample.chain[:, -1], sample.actions)
@@ -183,9 +165,11 @@ def test_policy_scores_its_own_samples_as_it_drew_them(method, mode):
 
 
 def test_value_head_gradients_never_reach_the_actor():
-    policy = FlowPolicy(6, 2, width=16)
+    policy = flow_policy(width=16)
     obs = torch.randn(3, 6)
-    _, _, value = policy.evaluate(obs, policy.sample(obs).chain, torch.ones(3, policy.steps, dtype=torch.bool))
+    _, _, value = policy.chain_logprob_value(
+        obs, policy.sample(obs).chain, torch.ones(3, policy.steps, dtype=torch.bool)
+    )
     value.sum().backward()
     assert all(p.grad is None or not p.grad.any() for p in policy.actor_parameters())
     assert any(p.grad is not None and p.grad.any() for p in policy.critic_parameters())
@@ -207,7 +191,7 @@ def clone_fixed_chunk(policy: FlowPolicy, rows: int) -> tuple[torch.Tensor, torc
 
 def test_behaviour_cloning_fits_a_fixed_chunk():
     torch.manual_seed(0)
-    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=5, width=64)
+    policy = flow_policy(horizon=2, executed=2, denoise_steps=5, width=64)
     obs, target = clone_fixed_chunk(policy, 64)
     got = policy.sample(obs[:8], deterministic=True).actions
     assert (got - target[:8]).abs().max().item() < 0.1
@@ -250,9 +234,9 @@ def test_hybrid_step_choices():
     assert hybrid_step_weights("late", 4).tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert hybrid_step_weights("last", 4).tolist() == [0, 0, 0, 1]
     g = torch.Generator().manual_seed(0)
-    last = FlowPolicy(6, 2, steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="last")
+    last = flow_policy(denoise_steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="last")
     assert (last.noise(500, g).pick == 3).all()
-    late = FlowPolicy(6, 2, steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="late")
+    late = flow_policy(denoise_steps=4, method="flow_sde", sde_mode="hybrid", hybrid_step="late")
     counts = torch.bincount(late.noise(4000, g).pick, minlength=4).float() / 4000
     assert counts.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4], abs=0.03)
     sample = last.sample(torch.randn(5, 6), generator=g)
@@ -263,7 +247,7 @@ def test_noise_at_the_last_step_reaches_the_action_of_a_contracting_flow():
     """A velocity field that pulls x onto a fixed action (as a flow cloned from a
     deterministic expert does) erases early noise: the last step's noise survives."""
     torch.manual_seed(0)
-    policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=64, method="flow_sde", noise_level=0.5)
+    policy = flow_policy(horizon=2, executed=2, denoise_steps=4, width=64, method="flow_sde", noise_level=0.5)
     obs, _ = clone_fixed_chunk(policy, 256)
     spread = {}
     for choice in ("uniform", "last"):
@@ -277,11 +261,11 @@ def test_evaluation_noise_depends_on_neither_the_method_nor_the_training_stream(
     """The same weights score the same held-out episodes, one for one, whatever the
     sampling method and whatever was drawn before (flow_sde hybrid draws more per chunk)."""
     torch.manual_seed(0)
-    base = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=32)
+    base = flow_policy(horizon=2, executed=2, denoise_steps=4, width=32)
     env = PointMassEnv(8, max_episode_steps=12)
     results = []
-    for method, mode in (("flow_noise", "hybrid"), ("flow_sde", "hybrid"), ("flow_sde", "chain")):
-        policy = FlowPolicy(6, 2, horizon=2, executed=2, steps=4, width=32, method=method, sde_mode=mode)
+    for method, sde in (("flow_noise", {}), ("flow_sde", {"sde_mode": "hybrid"}), ("flow_sde", {"sde_mode": "chain"})):
+        policy = flow_policy(horizon=2, executed=2, denoise_steps=4, width=32, method=method, **sde)
         policy.load_state_dict(base.state_dict())
         policy.noise(64, torch.Generator().manual_seed(int(method == "flow_sde")))  # a training draw in between
         results.append(evaluate_success(policy, env, EnvShare.whole(8), 20, 1_000_000, 12, torch.device("cpu")))
@@ -293,11 +277,11 @@ def test_evaluation_noise_depends_on_neither_the_method_nor_the_training_stream(
 
 def test_flow_noise_at_the_last_step_alone_scores_what_it_drew():
     torch.manual_seed(0)
-    policy = FlowPolicy(6, 2, horizon=4, executed=2, steps=5, width=32, method="flow_noise", noise_steps="last")
+    policy = flow_policy(horizon=4, executed=2, denoise_steps=5, width=32, method="flow_noise", noise_steps="last")
     obs = torch.randn(7, 6)
     sample = policy.sample(obs, generator=torch.Generator().manual_seed(3))
     assert sample.stochastic.tolist() == [[False] * 4 + [True]] * 7
-    logp, _, _ = policy.evaluate(obs, sample.chain, sample.stochastic)
+    logp, _, _ = policy.chain_logprob_value(obs, sample.chain, sample.stochastic)
     assert torch.allclose(logp, sample.logp, atol=1e-4)
     # the ODE steps add nothing: the likelihood is the start's and the last step's
     ode = policy.sample(obs, deterministic=True, start=sample.chain[:, 0])

@@ -17,9 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from omni_rl.config import config_from_dict, save_config
+from omni_rl.config import save_config
 from omni_rl.engine import checkpoint
 from omni_rl.errors import ConfigError
+from omni_rl.recipe_loader import config_from_dict
 from omni_rl.recipes import flow_ppo
 from omni_rl.sim.experts import demo_chunks
 from omni_rl.sim.point_mass import PointMassEnv, expert_action
@@ -35,7 +36,7 @@ def _config(tmp_path, **sections):
         "env": {"task": "PointMass-v0", "num_envs": 16, "max_episode_steps": 24, "ignore_terminations": False},
         "policy": {"horizon": 2, "executed": 2, "denoise_steps": 4, "width": 64},
         "ppo": {"actor_lr": 3e-4, "epochs": 1, "minibatches": 4},
-        "trainer": {"iterations": 100, "eval_every": 0, "eval_episodes": 48},
+        "trainer": {"steps": 100, "eval_every": 0, "eval_episodes": 48},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
@@ -65,9 +66,9 @@ def test_each_method_learns_the_point_mass_task(tmp_path, variant, point_mass_de
     assert len(rows) == 101 and rows[0] == {"step": 0, **{k: rows[0][k] for k in rows[0] if k.startswith("eval/")}}
     assert rows[0]["eval/success"] == summary["success_bc"] and rows[-1]["eval/success"] == summary["success_rl"]
     assert rows[-1]["env_steps"] == 100 * 16 * 12 * 2
-    for key in ("env/success_once", "env/return", "train/policy_loss", "train/ratio_mean", "policy/noise_std"):
+    for key in ("env/success_once", "env/return", "loss/policy", "loss/ratio_mean", "policy/noise_std"):
         assert key in rows[-1], key
-    assert "train/value_loss" in rows[-1] or variant.get("ppo", {}).get("critic_free")
+    assert "loss/value" in rows[-1] or variant.get("ppo", {}).get("critic_free")
 
 
 @pytest.fixture(scope="module")
@@ -116,15 +117,39 @@ def test_demo_chunks_stay_inside_their_episode(tmp_path):
 def test_behaviour_cloning_from_demos_gives_the_warm_start(tmp_path):
     demos = tmp_path / "demos.safetensors"
     _write_demos(demos, episodes=32)
-    cfg = _config(tmp_path, bc={"demos": str(demos), "steps": 400, "lr": 2e-3}, trainer={"iterations": 1})
+    cfg = _config(tmp_path, bc={"demos": str(demos), "steps": 400, "lr": 2e-3}, trainer={"steps": 1})
     summary = flow_ppo.train(cfg)
     assert summary["success_bc"] >= 0.6, summary  # a random policy: about 0.1
     assert (tmp_path / "run" / "bc" / "metrics.jsonl").is_file()
 
 
+def test_a_run_exports_its_policy_and_summarizes_as_grpo_does(tmp_path):
+    """``OUTPUT_DIR/model`` (and each checkpoint's ``model/``) is the policy's own
+    directory, safetensors and JSON, which ``FlowPolicy.from_pretrained`` loads; the
+    summary has GRPO's and SFT's top-level keys, the flow results under ``results``."""
+    from omni_rl.models.flow_policy import FlowPolicy
+
+    cfg = _config(tmp_path, env={"num_envs": 8, "max_episode_steps": 12}, trainer={"steps": 2, "eval_episodes": 8})
+    results = flow_ppo.train(cfg)
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"step", "model", "data", "last_metrics", "results"} and summary["step"] == 2
+    assert summary["results"] == results and results["success_rl"] == summary["last_metrics"]["eval/success"]
+    # every key a step logs is listed in ``flow_ppo.METRICS``, or is the engine's or an episode's
+    others = ("env/", "eval/", "time/", "optim/lr", "optim/schedule_step", "optim/skipped_nonfinite")
+    logged = {k for k in summary["last_metrics"] if k != "step" and not k.startswith(others)}
+    assert logged <= set(flow_ppo.METRICS), logged - set(flow_ppo.METRICS)
+    assert sorted(p.name for p in (out / "model").iterdir()) == ["policy.json", "policy.safetensors"]
+    assert (out / "model").resolve() == (out / "checkpoints" / "step-00000002" / "model").resolve()
+    policy = FlowPolicy.from_pretrained(out / "model")
+    assert policy.config == cfg.policy and (policy.obs_dim, policy.action_dim) == (6, 2)
+    weights = load_file(out / "model" / "policy.safetensors")
+    assert all(torch.equal(weights[k], v) for k, v in policy.state_dict().items())
+
+
 def test_a_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path):
     """SIGKILL after a checkpoint, ``--resume auto``: the same per-iteration metrics."""
-    settings = {"trainer": {"iterations": 30, "save_every": 1, "keep_last": 2, "eval_every": 10}}
+    settings = {"trainer": {"steps": 30, "save_every": 1, "keep_last": 2, "eval_every": 10}}
     flow_ppo.train(_config(tmp_path / "a", **settings))
     want = (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()
 
@@ -148,8 +173,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path):
         return [{k: v for k, v in json.loads(line).items() if not k.startswith(varying)} for line in lines]
 
     assert values(got) == values(want)
-    assert json.loads((tmp_path / "b" / "run" / "summary.json").read_text())["success_bc"] == pytest.approx(
-        json.loads((tmp_path / "a" / "run" / "summary.json").read_text())["success_bc"]
+    assert json.loads((tmp_path / "b" / "run" / "summary.json").read_text())["results"]["success_bc"] == pytest.approx(
+        json.loads((tmp_path / "a" / "run" / "summary.json").read_text())["results"]["success_bc"]
     )
 
 
@@ -162,7 +187,7 @@ def one_process_run(tmp_path_factory, point_mass_demos):
         env={"num_envs": 8, "max_episode_steps": 12},
         policy={"width": 32},
         ppo={"epochs": 2, "minibatches": 3},  # 48 chunks: mini-batches of 16, split unevenly
-        trainer={"iterations": 3, "eval_every": 2, "eval_episodes": 10},  # 10 seeds: rounds of 8 and 2
+        trainer={"steps": 3, "eval_every": 2, "eval_episodes": 10},  # 10 seeds: rounds of 8 and 2
         bc={"demos": str(point_mass_demos), "steps": 10, "batch_size": 15},  # 15 rows: 8 and 7
     )
     path = root / "config.yaml"
@@ -217,7 +242,7 @@ def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
     """``update`` without the actor leaves every actor weight as it was (the optimizer
     never sees an actor gradient) and moves the value head; with it, both move. In a
     run, the first ``ppo.critic_warmup`` iterations are the critic's."""
-    cfg = _config(tmp_path, ppo={"critic_warmup": 2}, trainer={"iterations": 3})
+    cfg = _config(tmp_path, ppo={"critic_warmup": 2}, trainer={"steps": 3})
     run = flow_ppo.Run(tmp_path, flow_ppo.distributed.ranks(), torch.device("cpu"), None)
     env = PointMassEnv(cfg.env.num_envs, max_episode_steps=cfg.env.max_episode_steps)
     envs = flow_ppo.EnvShare.whole(env.num_envs)
@@ -241,9 +266,9 @@ def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
 
     flow_ppo.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train/actor_updated"] for r in rows[1:]] == [0.0, 0.0, 1.0]
-    assert rows[1]["train/actor_grad_norm"] == 0.0 and rows[3]["train/actor_grad_norm"] > 0.0
-    assert rows[1]["train/critic_grad_norm"] > 0.0
+    assert [r["update/actor_updated"] for r in rows[1:]] == [0.0, 0.0, 1.0]
+    assert rows[1]["optim/actor_grad_norm"] == 0.0 and rows[3]["optim/actor_grad_norm"] > 0.0
+    assert rows[1]["optim/critic_grad_norm"] > 0.0
 
 
 def test_the_learning_rates_decay_over_the_run(tmp_path):
@@ -253,7 +278,7 @@ def test_the_learning_rates_decay_over_the_run(tmp_path):
     cfg = _config(
         tmp_path,
         ppo={"lr_schedule": "linear", "min_lr_ratio": 0.25, "minibatches": 2},
-        trainer={"iterations": 4},
+        trainer={"steps": 4},
     )
     flow_ppo.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -267,11 +292,11 @@ def test_the_flow_sde_noise_level_anneals_over_the_run(tmp_path):
     update scores each rollout at the level that sampled it (one epoch of one
     mini-batch: every ratio is 1). Flow-Noise, which learns its noise, refuses the field."""
     policy = {"method": "flow_sde", "noise_level": 0.6, "noise_level_end": 0.3}
-    cfg = _config(tmp_path, policy=policy, ppo={"minibatches": 1}, trainer={"iterations": 4})
+    cfg = _config(tmp_path, policy=policy, ppo={"minibatches": 1}, trainer={"steps": 4})
     flow_ppo.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy/noise_level"] for r in rows[1:]] == pytest.approx([0.6, 0.5, 0.4, 0.3])
-    assert [r["train/ratio_max"] for r in rows[1:]] == pytest.approx([1.0] * 4, abs=1e-4)
+    assert [r["loss/ratio_max"] for r in rows[1:]] == pytest.approx([1.0] * 4, abs=1e-4)
     with pytest.raises(ConfigError, match="noise_level_end"):
         _config(tmp_path, policy={"method": "flow_noise", "noise_level_end": 0.3})
 
@@ -291,12 +316,12 @@ def test_the_first_epoch_scores_what_the_rollout_sampled(tmp_path, precision, st
         tmp_path,
         policy={"denoise_steps": steps, "method": method},
         ppo={"epochs": 1, "minibatches": 1},
-        trainer={"iterations": 1, "eval_episodes": 8, "precision": precision},
+        trainer={"steps": 1, "eval_episodes": 8, "precision": precision},
     )
     flow_ppo.train(cfg)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert row["train/ratio_max"] == 1.0 and row["train/ratio_mean"] == 1.0, row
-    assert row["train/approx_kl"] == 0.0
+    assert row["loss/ratio_max"] == 1.0 and row["loss/ratio_mean"] == 1.0, row
+    assert row["loss/approx_kl"] == 0.0
 
 
 def test_actor_and_critic_gradients_clip_apart(tmp_path):
@@ -313,8 +338,8 @@ def test_actor_and_critic_gradients_clip_apart(tmp_path):
     g = torch.Generator().manual_seed(0)
     obs = torch.randn(4, 6, generator=g)
     every_step = torch.ones(4, policy.steps, dtype=torch.bool)
-    _, _, value = policy.evaluate(obs, policy.sample(obs, generator=g).chain, every_step)
-    logp, _, _ = policy.evaluate(obs, policy.sample(obs, generator=g).chain, every_step)
+    _, _, value = policy.chain_logprob_value(obs, policy.sample(obs, generator=g).chain, every_step)
+    logp, _, _ = policy.chain_logprob_value(obs, policy.sample(obs, generator=g).chain, every_step)
     engine.backward(-logp.sum() + 100.0 * value.sum())
 
     def norm(params) -> float:
@@ -392,6 +417,11 @@ UNUSED_IN_MODE = {
         r"ppo\.value_clip_scale: .* value_clip: null",
     ),
     "min_lr_ratio_constant": ({"ppo": {"min_lr_ratio": 0.1}}, r"ppo\.min_lr_ratio: .* lr_schedule: constant"),
+    "trainer_grad_clip": (
+        {"trainer": {"max_grad_norm": 0.5}},
+        r"trainer\.max_grad_norm: does nothing in flow_ppo: ppo\.actor_max_grad_norm",
+    ),
+    "trainer_schedule": ({"trainer": {"schedule": "cosine"}}, r"trainer\.schedule: does nothing in flow_ppo"),
 }
 
 
@@ -404,7 +434,7 @@ def test_a_field_that_does_nothing_in_its_mode_is_refused(tmp_path, sections, me
 
 
 def test_fields_left_unset_take_their_modes_defaults(tmp_path):
-    from omni_rl.config import load_config
+    from omni_rl.recipe_loader import load_config
 
     noise = flow_ppo.build_policy(_config(tmp_path), 6, 2, torch.Generator())
     assert (noise.sigma_min, noise.sigma_max, noise.noise_steps) == (0.2, 0.4, "all")

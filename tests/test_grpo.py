@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from omni_rl.config import load_config
 from omni_rl.errors import OmniRLError
 from omni_rl.preprocess.scenes import write_video_qa
+from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import grpo
 
 OMNI_RL = str(Path(sys.executable).parent / "omni-rl")

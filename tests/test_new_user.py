@@ -1,6 +1,6 @@
 """A new user's mistakes, replayed on a small dataset: each is reported with its file,
 row and reason, and training either skips the row before step 1 or stops before the
-model is built. Also the row format's README section and example file."""
+model is built. Also the row format's docs section and example file."""
 
 from __future__ import annotations
 
@@ -279,14 +279,14 @@ def test_run_directories_overwrite_and_resume_messages(tmp_path, capsys):
     assert "OUTPUT_DIR/checkpoints/step-N/model" in capsys.readouterr().err
 
 
-def test_the_readme_row_format_and_the_example_file(tmp_path):
+def test_the_documented_row_format_and_the_example_file(tmp_path):
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.preprocess.config import MediaConfig
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.rewards import SCORERS
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The row format", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "guides" / "data.md").read_text()
+    section = page.split("## The row format", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
     assert {"id", "problem", "problem_type", "answer", "options"} <= documented
     types = {t for t in documented if t in SCORERS}

@@ -48,7 +48,7 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
         "env.max_episode_steps=16",
         "bc.steps=20",
         "ppo.critic_warmup=1",
-        "trainer.iterations=2",
+        "trainer.steps=2",
         "trainer.eval_episodes=4",
     ):
         args += ["--set", override]
@@ -61,8 +61,8 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
         assert r["gain"] == pytest.approx(r["success_rl"] - r["success_bc"], abs=1e-4)
         assert r["env_steps"] == 2 * 2 * 16  # 2 iterations x 2 envs x 4 chunks of 4 actions
         rows = [json.loads(x) for x in (tmp_path / f"seed_{r['seed']}" / "flow_ppo" / "metrics.jsonl").open()]
-        assert len(rows) == 3 and {"env/success_once", "train/value_loss", "eval/success"} <= set(rows[-1])
-        assert [row.get("train/actor_updated") for row in rows] == [None, 0.0, 1.0]  # one warm-up iteration
+        assert len(rows) == 3 and {"env/success_once", "loss/value", "eval/success"} <= set(rows[-1])
+        assert [row.get("update/actor_updated") for row in rows] == [None, 0.0, 1.0]  # one warm-up iteration
         assert r["lowest_eval"] == min(row["eval/success"] for row in rows if "eval/success" in row)
         assert (tmp_path / f"seed_{r['seed']}" / "plots" / "env_return.png").is_file()
     gains = [r["gain"] for r in summary["seeds"]]

@@ -257,8 +257,8 @@ def test_aggregate_per_type_and_source():
 
 
 def test_rewards_config_maps_to_settings():
-    from omni_rl.config import config_from_dict
     from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
 
     cfg = config_from_dict({"recipe": "preprocess", "rewards": {"weights": {"ocr": [1.0, 0.0]}, "math_timeout": 1.5}})
     settings = cfg.rewards.settings()
@@ -374,8 +374,8 @@ def test_a_judge_outside_0_1_is_reported_not_clipped():
     ids=["sum-above-1", "negative", "inf", "nan", "all-zero", "per-type-sum-above-1"],
 )
 def test_weights_that_leave_0_1_or_say_nothing_are_refused_at_load(rewards, message):
-    from omni_rl.config import config_from_dict
     from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
 
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"recipe": "preprocess", "rewards": rewards})
@@ -437,7 +437,8 @@ def test_rewards_cli_prints_plugin_values_and_refuses_bad_weights(capsys):
     ],
 )
 def test_weights_that_no_scorer_reads_are_refused_at_load(weights, custom, message):
-    from omni_rl.config import ConfigError, config_from_dict
+    from omni_rl.config import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
 
     with pytest.raises(ConfigError, match=rf"rewards\.weights\.\w+: .*{message}"):
         config_from_dict(

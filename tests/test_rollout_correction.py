@@ -19,11 +19,11 @@ from omni_rl.algorithms.correction import (
     sequence_tis_weights,
     tis_weights,
 )
-from omni_rl.config import load_config
 from omni_rl.data.sampler import PromptSampler
 from omni_rl.models import load
 from omni_rl.models.forward import SamplingFilter, group_forward, log_kept_mass
 from omni_rl.models.inputs import collate_prompts
+from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import grpo
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams, stop_token_ids
 

@@ -22,20 +22,22 @@ import torch
 from safetensors import SafetensorError
 
 from omni_rl.cli import main
-from omni_rl.config import config_from_dict, load_config, save_config
+from omni_rl.config import save_config
 from omni_rl.engine import checkpoint
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
+from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.flow_policy import FlowPolicy
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.preprocess import cache as cache_module
 from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.image import ImageBudget
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.scenes import write_video_qa
 from omni_rl.preprocess.video import VideoBudget
+from omni_rl.recipe_loader import config_from_dict, load_config
 from omni_rl.recipes import flow_ppo
-from omni_rl.recipes.heldout import HeldOut
 
 # the one line a full disk gives: the path, what the OS said and the bytes the write needed
 FULL = r"out of disk space \(No space left on device\) writing about [\d,]+ bytes; free space there"
@@ -145,7 +147,7 @@ def test_preprocess_on_a_full_disk_exits_non_zero_with_one_line(tmp_path, shapes
 # ------------------------------------------------------------------ checkpoints
 
 
-def _flow_config(out: Path, iterations: int, **trainer):
+def _flow_config(out: Path, steps: int, **trainer):
     """A flow-PPO run on the point-mass task small enough to take a second or two."""
     return config_from_dict(
         {
@@ -154,7 +156,7 @@ def _flow_config(out: Path, iterations: int, **trainer):
             "env": {"task": "PointMass-v0", "num_envs": 4, "max_episode_steps": 8},
             "policy": {"horizon": 2, "executed": 2, "denoise_steps": 2, "width": 16},
             "ppo": {"epochs": 1, "minibatches": 2},
-            "trainer": {"iterations": iterations, "save_every": 1, "keep_last": 2, "eval_every": 0}
+            "trainer": {"steps": steps, "save_every": 1, "keep_last": 2, "eval_every": 0}
             | {"eval_episodes": 4}
             | trainer,
         },
@@ -277,7 +279,7 @@ def _heldout(tmp_path: Path, shapes: Path) -> HeldOut:
 def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, monkeypatch):
     """An export that dies inside ``save_pretrained`` (a kill, a full disk) leaves the
     previous ``best/model`` and ``best.json`` as they were; the next export replaces it."""
-    policy = FlowPolicy(4, 2, horizon=2, executed=2, width=8)
+    policy = FlowPolicy(FlowPolicyConfig(horizon=2, executed=2, width=8), obs_dim=4, action_dim=2)
     engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)
@@ -310,7 +312,7 @@ def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, mon
 def test_a_kill_between_the_export_renames_keeps_the_previous_best_model(tmp_path, shapes, monkeypatch):
     """The export moves the old directory aside, then renames the new one into place:
     killed in between, the next run's start puts the old one back."""
-    policy = FlowPolicy(4, 2, horizon=2, executed=2, width=8)
+    policy = FlowPolicy(FlowPolicyConfig(horizon=2, executed=2, width=8), obs_dim=4, action_dim=2)
     engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from omni_rl.config import config_from_dict, load_config
 from omni_rl.errors import ConfigError, OmniRLError
-from omni_rl.recipes import flow_ppo, trainable
+from omni_rl.recipe_loader import config_from_dict, load_config
+from omni_rl.recipe_table import trainable
+from omni_rl.recipes import flow_ppo
 from omni_rl.recipes.common import MetricsLog
 
 
@@ -173,7 +174,7 @@ def _process_exit():
     wandb.teardown()
 
 
-def _flow_config(out: Path, iterations: int, backends: list[str]):
+def _flow_config(out: Path, steps: int, backends: list[str]):
     return config_from_dict(
         {
             "recipe": "flow_ppo",
@@ -182,7 +183,7 @@ def _flow_config(out: Path, iterations: int, backends: list[str]):
             "env": {"task": "PointMass-v0", "num_envs": 8, "max_episode_steps": 8, "ignore_terminations": False},
             "policy": {"horizon": 2, "executed": 2, "denoise_steps": 2, "width": 16},
             "ppo": {"epochs": 1, "minibatches": 2},
-            "trainer": {"iterations": iterations, "save_every": 1, "eval_every": 0, "eval_episodes": 8},
+            "trainer": {"steps": steps, "save_every": 1, "eval_every": 0, "eval_episodes": 8},
         },
         "test",
     )

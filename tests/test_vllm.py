@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from omni_rl.config import ConfigError, config_from_dict
+from omni_rl.config import ConfigError
 from omni_rl.data.dataset import Sample
 from omni_rl.errors import OmniRLError
 from omni_rl.models import load, placeholder_token_ids
 from omni_rl.preprocess.synthetic import moving_square, write_video
 from omni_rl.preprocess.video import VideoBudget, read_video
+from omni_rl.recipe_loader import config_from_dict
 from omni_rl.rollout import build_rollout_engine
 from omni_rl.rollout import vllm as engine_module
 from omni_rl.rollout.hf import SamplingParams
@@ -414,7 +415,7 @@ def test_vllm_engine_samples_groups_and_follows_weight_updates(tmp_path, tiny_ch
 
 @pytest.mark.parametrize("config", ["configs/qwen2_5_vl_7b_video_grpo.yaml", "configs/qwen3_vl_video_grpo.yaml"])
 def test_the_real_size_configs_hold_their_longest_prompt_with_vllm(config):
-    from omni_rl.config import load_config
+    from omni_rl.recipe_loader import load_config
 
     rollout = load_config(config, ["rollout.engine=vllm"]).rollout
     assert rollout.vllm.max_model_len >= rollout.max_prompt_length + rollout.max_new_tokens

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from omni_rl.config import load_config
 from omni_rl.engine.distributed import Ranks
+from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import flow_ppo
 from omni_rl.recipes.common import Run
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig

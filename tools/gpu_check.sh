@@ -21,7 +21,7 @@ sim_check() {
   echo "gpu_check: flow PPO on ManiSkill's GPU backend (PushCube-v1, 256 envs, 20 iterations)"
   rm -rf "$WORK/sim"
   "$PY" -m omni_rl train configs/maniskill_pushcube_flow_noise_gpu.yaml --set bc.demos=null \
-    --set trainer.iterations=20 --set trainer.eval_every=0 --set trainer.eval_episodes=256 \
+    --set trainer.steps=20 --set trainer.eval_every=0 --set trainer.eval_episodes=256 \
     --set run.output_dir="$WORK/sim"
   "$PY" - "$WORK/sim/metrics.jsonl" <<'PYEOF'
 import json, statistics, sys

@@ -86,10 +86,10 @@ class _Tensors:
 
 def build_inputs(work: Path):
     """The random model, a GRPO config on the vllm engine, and a few video samples."""
-    from omni_rl.config import load_config
     from omni_rl.data.dataset import Sample, encode_sample
     from omni_rl.preprocess.synthetic import moving_square, write_video
     from omni_rl.preprocess.video import VideoBudget, read_video
+    from omni_rl.recipe_loader import load_config
 
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
@@ -297,9 +297,9 @@ def check_grpo_steps(work: Path, model_dir: Path, encoded):
 
 def probe_lengths(data: Path, model_dir: Path) -> list[int]:
     """Prompt token counts of the synthetic rows under the GRPO config's media settings."""
-    from omni_rl.config import load_config
     from omni_rl.data.dataset import encode_sample
     from omni_rl.models import load
+    from omni_rl.recipe_loader import load_config
     from omni_rl.recipes.common import setup_data
 
     cfg = load_config(

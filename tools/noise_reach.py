@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from omni_rl.config import load_config
 from omni_rl.demos.quickstart_sim import demo_seed, train_config
 from omni_rl.engine.distributed import Ranks
+from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import flow_ppo
 from omni_rl.recipes.common import MetricsLog, Run
 from omni_rl.runtime import set_threads

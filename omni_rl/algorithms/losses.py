@@ -65,12 +65,22 @@ def aggregate(
 
 @dataclass(frozen=True)
 class PolicyLossStats:
-    """Diagnostics of a policy loss (all scalars): clip fractions and ratio range."""
+    """Diagnostics of a policy loss (all scalars), over the valid elements (tokens,
+    action elements or chunks; sequences for GSPO) of the batch."""
 
     clip_fraction: float
+    """Fraction of valid elements whose clipped term was the active one (strictly the
+    larger loss, so the element's gradient is zero): a ratio outside the clip range on
+    the side its advantage pushes it away from. A ratio out of range on the other side
+    keeps its gradient and does not count."""
     dual_clip_fraction: float
+    """Fraction of valid elements whose loss the dual clip bounded."""
     ratio_mean: float
+    """Mean importance ratio pi / pi_old."""
     ratio_max: float
+    """Largest importance ratio (1 without a valid element)."""
+    approx_kl: float
+    """Mean of (r - 1) - log r, an estimate of KL(pi_old || pi) (Schulman's k3)."""
 
 
 def clipped_policy_loss(
@@ -87,10 +97,11 @@ def clipped_policy_loss(
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO's clipped surrogate with separate low/high clips (DAPO's clip-higher) and
-    optional dual clip for negative advantages.
+    optional dual clip for negative advantages: the one clipped surrogate of every
+    recipe (GRPO per token; flow PPO per action element or per chunk, L = 1).
 
     Args:
-        logp, old_logp, mask: [N, L]; advantages: [N] (one per sequence).
+        logp, old_logp, mask: [N, L]; advantages: [N] (one per sequence or chunk).
         dual_clip: c > 1 bounds the loss of a negative-advantage token by -c * A.
         denominator: see ``aggregate``.
         weights: [N, L] constants each token's loss is multiplied by (a rollout
@@ -120,6 +131,7 @@ def clipped_policy_loss(
             dual_clip_fraction=_masked_mean(dual.float(), m),
             ratio_mean=_masked_mean(ratio, m),
             ratio_max=float(ratio[m].max()) if m.any() else 1.0,
+            approx_kl=_masked_mean((ratio - 1) - (logp - old_logp), m),
         )
     return loss, stats
 
@@ -163,6 +175,7 @@ def gspo_policy_loss(
             dual_clip_fraction=0.0,
             ratio_mean=_masked_mean(ratio, present),
             ratio_max=float(ratio[present].max()) if present.any() else 1.0,
+            approx_kl=_masked_mean((ratio - 1) - log_ratio, present),
         )
     return loss, stats
 

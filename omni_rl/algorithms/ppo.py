@@ -1,5 +1,7 @@
-"""PPO for chunked policies: GAE, the clipped surrogate, the clipped Huber value loss,
-and episode-group advantages for the critic-free variant.
+"""PPO for chunked policies: GAE and the clipped Huber value loss (the clipped policy
+surrogate is ``omni_rl.algorithms.losses.clipped_policy_loss``, the critic-free
+variant's group advantages ``omni_rl.algorithms.advantages.grpo_advantages``; both are
+GRPO's too).
 
 Time runs over chunks: one transition is one action chunk of h executed env steps.
 The discount and GAE's lambda are set per env step and turned into per-chunk terms
@@ -80,11 +82,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     return float("nan") if var == 0 else float(1.0 - (returns - values).var() / var)
 
 
-def normalize(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit std over the batch."""
-    return (advantages - advantages.mean()) / (advantages.std() + eps)
-
-
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     """'mean' over all entries, or 'sum' over the batch (first) dim of each item's mean
     over the others: a share of a larger batch's mean, to be divided by its size."""
@@ -93,34 +90,6 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "sum":
         return loss.flatten(1).mean(dim=1).sum() if loss.dim() > 1 else loss.sum()
     raise ValueError(f"reduction '{reduction}': use 'mean' or 'sum'")
-
-
-def clipped_surrogate(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    reduction: str = "mean",
-) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped objective as a loss (mean over all entries, or with ``reduction``
-    'sum' the sum over the batch of each item's mean).
-
-    ``logp`` / ``old_logp``: [B] per chunk, or [B, ...] per element with ``advantages``
-    broadcast from [B]. Returns the loss and ratio statistics (over this batch)."""
-    while advantages.dim() < logp.dim():
-        advantages = advantages.unsqueeze(-1)
-    ratio = torch.exp(logp - old_logp)
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = _reduce(-torch.minimum(ratio * advantages, clipped * advantages), reduction)
-    with torch.no_grad():
-        stats = {
-            "ratio_mean": ratio.mean().item(),
-            "ratio_max": ratio.max().item(),
-            "clip_fraction": ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float().mean().item(),
-            "approx_kl": ((ratio - 1) - (logp - old_logp)).mean().item(),
-        }
-    return loss, stats
 
 
 def value_loss(
@@ -139,20 +108,3 @@ def value_loss(
         kept = old_values + (values - old_values).clamp(-clip, clip)
         loss = torch.maximum(loss, torch.nn.functional.huber_loss(kept, returns, reduction="none", delta=huber_delta))
     return _reduce(loss, reduction)
-
-
-def group_advantages(returns: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Critic-free advantages: each episode's return minus its group's mean, over the
-    group's std (episodes from the same initial state form a group).
-
-    Args:
-        returns: [E] episode returns.
-        groups: [E] group index of each episode.
-    """
-    advantages = torch.zeros_like(returns)
-    for g in groups.unique():
-        members = groups == g
-        r = returns[members]
-        std = r.std() if r.numel() > 1 else torch.ones((), dtype=r.dtype)
-        advantages[members] = (r - r.mean()) / (std + eps)
-    return advantages

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_rl.config import build_section, require
-from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.rows import RowFailure
+from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.registry import Registry
 
 
@@ -164,11 +163,14 @@ class Benchmark:
         aggregate: ``(scored rows, metric) -> {metric name: value}`` in lmms-eval's
             units (percent or fraction, as its task reports).
         metrics: the names ``protocol.metric`` may take.
-        layout: one line on the files it reads (for errors and the README).
+        layout: one line on the files it reads (for errors and the docs).
         variants: the protocols by name, ``lmms-eval`` (the default protocol) first,
             each with the scorer it follows.
         score: ``(row, parsed answer, reward accuracy) -> score`` where the benchmark's
             metric differs from the reward's (VSI-Bench's MRA); default: the accuracy.
+        rows_of: another preset whose rows these are, read under another protocol
+            (Video-MME with subtitles: videomme); ``omni-rl data convert`` offers the
+            presets with rows of their own.
     """
 
     name: str
@@ -179,6 +181,7 @@ class Benchmark:
     layout: str
     variants: dict[str, Variant]
     score: Callable[[dict, Any, float], float] | None = None
+    rows_of: str | None = None
 
     def protocol_for(self, overrides: dict[str, Any]) -> Protocol:
         """The protocol of the variant ``overrides`` names (default: lmms-eval's), with

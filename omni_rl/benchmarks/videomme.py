@@ -196,5 +196,6 @@ for name, protocol, with_subtitles in (("videomme", PROTOCOL, False), ("videomme
             metrics=ACCURACIES,
             layout=LAYOUT,
             variants={"lmms-eval": LMMS_EVAL_SCORING},
+            rows_of="videomme" if with_subtitles else None,
         )
     )

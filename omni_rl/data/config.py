@@ -12,12 +12,14 @@ from omni_rl.config import require
 @dataclass
 class EvalSetConfig:
     """One held-out set evaluated during training: omni_rl rows, or a benchmark preset
-    run with its protocol."""
+    run with its protocol (``omni_rl.evaluation.during_training`` evaluates them, on the
+    path of ``omni-rl eval``). The YAML key is ``data.eval``; its checks ask the
+    benchmark registry, a lower layer."""
 
     data: str = ""
     """A JSONL/Parquet file of rows, or (with ``benchmark``) the benchmark's directory."""
     benchmark: str | None = None
-    """A preset of ``omni-rl eval --benchmark`` (mvbench, videomme, ...); unset: rows."""
+    """A preset of ``omni-rl eval --benchmark`` (a name in ``omni_rl.benchmarks.BENCHMARKS``); unset: rows."""
     name: str = ""
     """The metrics' prefix (``eval/NAME/...``); default: the preset's name or the file's stem."""
     protocol: dict[str, Any] = field(default_factory=dict)
@@ -57,7 +59,8 @@ class DataConfig:
     """A JSONL or Parquet dataset (media paths relative to its folder)."""
     eval: list[EvalSetConfig] = field(default_factory=list)
     """Held-out sets evaluated every ``trainer.eval_every`` steps and at the end (rows
-    or benchmark presets); each logs ``eval/NAME/METRIC`` beside the training metrics."""
+    or benchmark presets, by ``omni_rl.evaluation``); each logs ``eval/NAME/METRIC``
+    beside the training metrics."""
     cache: str | None = None
     """A cache made by ``omni-rl preprocess`` with the same media settings."""
     cache_mode: Literal["prefer_cache", "cache_only", "no_cache"] = "prefer_cache"

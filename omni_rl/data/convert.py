@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.rows import MEDIA_FIELDS, RowFailure, check_row
+from omni_rl.benchmarks import BENCHMARKS
+from omni_rl.errors import OmniRLError, RowFailure
+from omni_rl.preprocess.rows import MEDIA_FIELDS, check_row
 from omni_rl.registry import Registry
 
 PROGRESS_MIN_ROWS = 10_000
@@ -321,8 +322,6 @@ def _benchmark_format(name: str) -> Callable[[Path], Conversion]:
     ``omni-rl eval --benchmark`` reads them, into rows to train on (media paths absolute)."""
 
     def read(src: Path) -> Conversion:
-        from omni_rl.benchmarks import BENCHMARKS
-
         benchmark = BENCHMARKS.get(name)
         reading = benchmark.load(src.resolve(), benchmark.protocol)
         conversion = Conversion(failures=list(reading.failures))
@@ -335,8 +334,9 @@ def _benchmark_format(name: str) -> Callable[[Path], Conversion]:
     return read
 
 
-for _name in ("mvbench", "videomme", "vsibench", "charades_sta", "mmau_test_mini"):
-    register_format(_name)(_benchmark_format(_name))
+for _name in BENCHMARKS:
+    if BENCHMARKS.get(_name).rows_of is None:  # a preset sharing another's rows converts as that one
+        register_format(_name)(_benchmark_format(_name))
 
 
 def failures_path(out: Path) -> Path:

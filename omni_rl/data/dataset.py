@@ -32,13 +32,13 @@ from typing import Literal
 
 import numpy as np
 
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.audio import SAMPLE_RATE
 from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.index import DatasetIndex, IndexMiss
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
-from omni_rl.preprocess.rows import Row, RowFailure, read_failures, read_rows
+from omni_rl.preprocess.rows import Row, read_failures, read_rows
 from omni_rl.preprocess.video import VideoClip
 from omni_rl.rewards import check_targets
 

@@ -9,7 +9,6 @@ from typing import Literal
 from omni_rl.config import require
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import GenerationConfig, ModelConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.runtime import RunConfig
 
 
@@ -37,7 +36,6 @@ class DemoVideoConfig:
         require(self.sample_fps > 0, "sample_fps", "must be > 0")
 
 
-@register_recipe("demo", runner="omni_rl.demos.demo:main", command="omni-rl demo --config")
 @dataclass
 class DemoConfig:
     """The end-to-end demo: build or load a model, ask it which way a square moves in a

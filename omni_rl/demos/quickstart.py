@@ -20,7 +20,8 @@ from omni_rl.config import save_config
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig, QuickstartData
 from omni_rl.engine import checkpoint
-from omni_rl.evaluate import evaluate, table
+from omni_rl.evaluation.pipeline import evaluate_rows
+from omni_rl.evaluation.summary import rows_table
 from omni_rl.models import load
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.scenes import write_video_qa
@@ -55,7 +56,7 @@ def _write_split(d: QuickstartData, out: Path, videos: int, seed: int) -> Path:
 
 def _held_out(cfg, model_dir: Path, dataset: MediaDataset) -> dict:
     model, processor = load(model_dir)
-    return evaluate(
+    return evaluate_rows(
         model, processor, dataset, samples=1, max_new_tokens=cfg.grpo.rollout.max_new_tokens, progress=False
     )
 
@@ -111,8 +112,8 @@ def write_summary(out: Path, after_sft: dict, after_rl: dict, started: float, **
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plots(out)
-    print("held-out after SFT:\n" + table(after_sft))
-    print("held-out after RL:\n" + table(after_rl))
+    print("held-out after SFT:\n" + rows_table(after_sft))
+    print("held-out after RL:\n" + rows_table(after_rl))
     return summary
 
 

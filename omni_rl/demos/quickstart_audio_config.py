@@ -11,7 +11,6 @@ from omni_rl.data.config import DataConfig
 from omni_rl.demos.quickstart_config import FILLED, QuickstartModel, require_unfilled
 from omni_rl.engine.config import AdamWConfig, TrainerConfig
 from omni_rl.preprocess.config import MediaConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.recipes.grpo_config import AlgorithmConfig, GRPOConfig
 from omni_rl.recipes.sft_config import SFTConfig
 from omni_rl.rewards.config import RewardsConfig
@@ -78,9 +77,6 @@ def audio_grpo() -> GRPOConfig:
     )
 
 
-@register_recipe(
-    "quickstart_audio", runner="omni_rl.demos.quickstart_audio:main", command="omni-rl quickstart --audio --config"
-)
 @dataclass
 class AudioQuickstartConfig:
     """``omni-rl quickstart --audio``: synthetic audio QA, cache, tiny Qwen2-Audio, SFT,

@@ -10,7 +10,6 @@ from omni_rl.config import require
 from omni_rl.data.config import DataConfig
 from omni_rl.engine.config import AdamWConfig, TrainerConfig
 from omni_rl.preprocess.config import MediaConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.recipes.grpo_config import AlgorithmConfig, GRPOConfig
 from omni_rl.recipes.sft_config import SFTConfig
 from omni_rl.rewards.config import RewardsConfig
@@ -117,7 +116,6 @@ def require_unfilled(cfg, defaults: dict, keys: tuple[str, ...]) -> None:
             )
 
 
-@register_recipe("quickstart", runner="omni_rl.demos.quickstart:main", command="omni-rl quickstart --config")
 @dataclass
 class QuickstartConfig:
     """``omni-rl quickstart``: synthetic data, cache, tiny model, SFT, eval, GRPO, eval."""

@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from omni_rl.config import config_from_dict, save_config, to_dict
+from omni_rl.config import build_config, save_config, to_dict
 from omni_rl.demos.quickstart_sim_config import QuickstartSimConfig
 from omni_rl.recipes import flow_ppo
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
@@ -96,9 +96,9 @@ def demo_seed(seed: int) -> int:
 
 def train_config(cfg: QuickstartSimConfig, seed: int, out: Path, demos: Path) -> FlowPPOConfig:
     """The flow_ppo recipe's config of training seed ``seed``: the quickstart's sections."""
-    return config_from_dict(
+    return build_config(
+        FlowPPOConfig,
         {
-            "recipe": "flow_ppo",
             **{k: to_dict(getattr(cfg, k)) for k in ("env", "policy", "ppo", "trainer")},
             "run": {**to_dict(cfg.run), "seed": seed, "output_dir": str(out), "overwrite": True},
             "bc": {**to_dict(cfg.bc), "demos": str(demos)},

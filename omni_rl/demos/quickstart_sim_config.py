@@ -7,15 +7,11 @@ from dataclasses import dataclass, field
 
 from omni_rl.config import require
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
-from omni_rl.recipes import register_recipe
-from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConfig, check_policy_and_ppo
+from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConfig, check_policy_and_ppo, flow_trainer
 from omni_rl.runtime import RunConfig
 from omni_rl.sim.config import SimEnvConfig
 
 
-@register_recipe(
-    "quickstart_sim", runner="omni_rl.demos.quickstart_sim:main", command="omni-rl quickstart --sim --config"
-)
 @dataclass
 class QuickstartSimConfig:
     """``omni-rl quickstart --sim``: scripted demos, behaviour cloning to a partial start,
@@ -46,11 +42,9 @@ class QuickstartSimConfig:
     )
     """The update: a ratio per action element, 4 mini-batches per epoch, a small actor
     rate that keeps the cloned policy from drifting and decays (cosine, to a tenth) so
-    the late iterations refine rather than wander, and 20 iterations that fit the critic
+    the late steps refine rather than wander, and 20 steps that fit the critic
     before the actor moves."""
-    trainer: FlowTrainerConfig = field(
-        default_factory=lambda: FlowTrainerConfig(iterations=300, eval_every=75, eval_episodes=200)
-    )
+    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=300, eval_every=75))
     """The loop (held-out success is measured on ``eval_episodes`` seeds)."""
     bc: BCConfig = field(default_factory=lambda: BCConfig(steps=500))
     """Behaviour cloning (its ``demos`` is the collected file)."""

@@ -49,6 +49,8 @@ from omni_rl.algorithms.flow import (
     ode_step,
     sde_step,
 )
+from omni_rl.config import build_section, to_dict
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.registry import Registry
 
 ENCODERS: Registry = Registry("observation encoder")
@@ -155,102 +157,55 @@ class FlowPolicy(nn.Module):
     """Flow-matching chunk policy with Flow-Noise / Flow-SDE sampling and a value head.
 
     Args:
+        config: the architecture and how RL samples it (``FlowPolicyConfig``; its unset
+            mode fields take their mode's defaults). ``noise_level`` is read once:
+            the recipe anneals the attribute of that name.
         obs_dim, action_dim: the env's sizes.
-        horizon: H, actions per chunk; ``executed``: how many are run per query.
-        steps: K denoising steps.
-        width: hidden width of the encoder, velocity, noise and value networks.
-        encoder: registered observation encoder name.
-        method: 'flow_noise' or 'flow_sde' (how RL samples; 'ode' always available).
-        sigma_min, sigma_max: the noise head's std bounds (Flow-Noise).
-        noise_level: Flow-SDE's ``a``; sde_mode: 'hybrid' or 'chain'.
-        value_input: what the critic reads: 'obs' (its own MLP) or 'features'.
-        noise_steps: Flow-Noise's stochastic steps: 'all' or 'last'.
-        hybrid_step: which step Flow-SDE hybrid makes stochastic: 'last', 'late' or
-            'uniform' (see the module's docstring).
     """
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_dim: int,
-        horizon: int = 4,
-        executed: int = 4,
-        steps: int = 4,
-        width: int = 128,
-        encoder: str = "mlp",
-        method: str = "flow_noise",
-        sigma_min: float = 0.08,
-        sigma_max: float = 0.16,
-        noise_level: float = 0.5,
-        sde_mode: str = "hybrid",
-        hybrid_step: str = "last",
-        value_input: str = "obs",
-        noise_steps: str = "all",
-    ):
+    def __init__(self, config: FlowPolicyConfig, obs_dim: int, action_dim: int):
         super().__init__()
-        self.settings = {
-            "obs_dim": obs_dim,
-            "action_dim": action_dim,
-            "horizon": horizon,
-            "executed": executed,
-            "steps": steps,
-            "width": width,
-            "encoder": encoder,
-            "method": method,
-            "sigma_min": sigma_min,
-            "sigma_max": sigma_max,
-            "noise_level": noise_level,
-            "sde_mode": sde_mode,
-            "hybrid_step": hybrid_step,
-            "value_input": value_input,
-            "noise_steps": noise_steps,
-        }
-        if not 1 <= executed <= horizon:
-            raise ValueError(f"executed actions {executed} must be within 1..horizon {horizon}")
-        if method not in ("flow_noise", "flow_sde"):
-            raise ValueError(f"flow method '{method}': use flow_noise or flow_sde")
-        if sde_mode not in ("hybrid", "chain"):
-            raise ValueError(f"Flow-SDE mode '{sde_mode}': use hybrid or chain")
-        if noise_steps not in ("all", "last"):
-            raise ValueError(f"Flow-Noise steps '{noise_steps}': use all or last")
-        if value_input not in ("obs", "features"):
-            raise ValueError(f"value input '{value_input}': use obs or features")
-        if hybrid_step not in HYBRID_STEPS:
-            raise ValueError(f"Flow-SDE hybrid step '{hybrid_step}': use {', '.join(HYBRID_STEPS)}")
-        self.obs_dim, self.action_dim = obs_dim, action_dim
-        self.horizon, self.executed, self.steps = horizon, executed, steps
-        self.method, self.sde_mode, self.hybrid_step = method, sde_mode, hybrid_step
-        self.noise_steps = noise_steps
-        self.sigma_min, self.sigma_max, self.noise_level = sigma_min, sigma_max, noise_level
-        self.encoder = ENCODERS.get(encoder)(obs_dim, width)
+        self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
+        horizon, width = config.horizon, config.width
+        self.horizon, self.executed, self.steps = horizon, config.executed, config.denoise_steps
+        self.method = config.method
+        self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
+        self.noise_steps = config.setting("noise_steps")
+        self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
+        self.noise_level = config.setting("noise_level")
+        self.encoder = ENCODERS.get(config.encoder)(obs_dim, width)
         features, flat, self.time_dim = self.encoder.out_dim, horizon * action_dim, 32
         self.velocity_net = mlp([flat + self.time_dim + features, width, width, flat])
         self.noise_net = mlp([flat + self.time_dim + features, width, flat])
-        self.value_input = value_input
-        self.value_head = mlp([obs_dim, width, width, 1] if value_input == "obs" else [features, width, 1])
+        self.value_input = config.setting("value_input")
+        self.value_head = mlp([obs_dim, width, width, 1] if self.value_input == "obs" else [features, width, 1])
         mask = torch.zeros(horizon, action_dim)
-        mask[:executed] = 1.0
+        mask[: self.executed] = 1.0
         self.register_buffer("action_mask", mask, persistent=False)
 
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``policy.json`` (constructor arguments) and ``policy.safetensors``: the
-        policy's own weights, or ``state_dict`` (the full weights a sharded engine
-        gathered, see ``omni_rl.engine.checkpoint.export_model``)."""
+        """Write ``policy.json`` (the env's sizes and the ``policy:`` config) and
+        ``policy.safetensors``: the policy's own weights, or ``state_dict`` (the full
+        weights a sharded engine gathered, see ``omni_rl.engine.checkpoint.export_model``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "policy.json").write_text(json.dumps(self.settings, indent=2))
+        spec = {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "config": to_dict(self.config)}
+        (directory / "policy.json").write_text(json.dumps(spec, indent=2))
         weights = self.state_dict() if state_dict is None else state_dict
         tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
         save_file(tensors, directory / "policy.safetensors")
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **overrides) -> FlowPolicy:
-        """A policy written by ``save_pretrained``; ``overrides`` change sampling settings
-        (e.g. ``method``) without touching the weights."""
+        """A policy written by ``save_pretrained`` (``OUTPUT_DIR/model`` of a flow_ppo
+        run); ``overrides`` change ``policy:`` fields that leave the weights' shapes
+        alone (e.g. ``method``)."""
         directory = Path(directory)
         if not (directory / "policy.json").is_file():
             raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
-        policy = cls(**{**json.loads((directory / "policy.json").read_text()), **overrides})
+        spec = json.loads((directory / "policy.json").read_text())
+        config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
+        policy = cls(config, spec["obs_dim"], spec["action_dim"])
         policy.load_state_dict(load_file(directory / "policy.safetensors"))
         return policy
 
@@ -386,15 +341,15 @@ class FlowPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor, *tensors: torch.Tensor, bc: bool = False):
         """The training forward, the call data-parallel wrappers hook:
-        ``policy(obs, chain, stochastic)`` is :meth:`evaluate` (PPO);
+        ``policy(obs, chain, stochastic)`` is :meth:`chain_logprob_value` (PPO);
         ``policy(obs, actions, mask, t, eps, count, bc=True)`` is :meth:`bc_loss`."""
         if bc:
             return self.bc_loss(obs, *tensors)
-        logp, entropy, value = self.evaluate(obs, *tensors)
+        logp, entropy, value = self.chain_logprob_value(obs, *tensors)
         # fp32 (bf16 autocast computes the networks) and no views (FSDP2 hooks warn about those)
         return logp.float(), entropy.float(), value.to(torch.float32, copy=True)
 
-    def evaluate(self, obs: torch.Tensor, chain: torch.Tensor, stochastic: torch.Tensor):
+    def chain_logprob_value(self, obs: torch.Tensor, chain: torch.Tensor, stochastic: torch.Tensor):
         """Per-element log-likelihood [N, H, D], mean entropy of the stochastic steps
         [N] and value [N] of stored chains under the current parameters (with grad)."""
         n, k = chain.shape[0], self.steps

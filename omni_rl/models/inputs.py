@@ -3,16 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 from transformers import BatchFeature
 
 from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.video import VideoClip
 
 AUDIO_SAMPLE_RATE = 16_000
 IGNORE_INDEX = -100
+
+
+class SampledVideo(Protocol):
+    """What encoding reads of a decoded clip. ``omni_rl.preprocess.video.VideoClip`` is
+    one; the decoder sits a layer above the models, so they name only what they read."""
+
+    @property
+    def frames(self) -> np.ndarray:
+        """uint8 [T, 3, H, W] RGB frames, resized to the budget."""
+        ...
+
+    @property
+    def sampled_fps(self) -> float:
+        """Frames kept per second of the source."""
+        ...
+
+    def metadata(self) -> dict:
+        """The transformers ``VideoMetadata`` fields for the processor."""
+        ...
 
 
 def media_processor_kwargs(images: bool, videos: bool) -> dict:
@@ -62,7 +81,7 @@ def encode_prompts(
     conversations: Sequence[list[dict]],
     *,
     images: Sequence[np.ndarray] = (),
-    videos: Sequence[VideoClip] = (),
+    videos: Sequence[SampledVideo] = (),
     audios: Sequence[np.ndarray] = (),
     video_audios: Sequence[np.ndarray | None] = (),
 ) -> BatchFeature:
@@ -122,7 +141,7 @@ def encode_prompts(
     return out
 
 
-def _shared_fps(videos: Sequence[VideoClip], interleave: bool) -> float:
+def _shared_fps(videos: Sequence[SampledVideo], interleave: bool) -> float:
     """The sampled frame rate the Omni processor is given. It takes one for all videos,
     and interleaving a video's sound chunk by chunk needs the true one."""
     rates = {round(clip.sampled_fps, 6) for clip in videos}

@@ -124,14 +124,18 @@ def say(ranks: Ranks, message: str) -> None:
         print(f"omni-rl: {message}", file=sys.stderr, flush=True)
 
 
-def finish_run(run: Run, step: int, datasets: dict, row: dict) -> dict:
+def finish_run(run: Run, step: int, datasets: dict, row: dict, results: dict | None = None) -> dict:
     """Link ``OUTPUT_DIR/model`` to the final model (the best one when
     ``trainer.best_metric`` kept one, else the last checkpoint's), write
-    ``summary.json`` (the step reached, the model, and each dataset's rows read, used
-    and refused, which add up, with its cache use) and say where the model is."""
+    ``summary.json`` (the step reached, the model, each dataset's rows read, used and
+    refused, which add up, with its cache use, and the last metrics row) and say where
+    the model is. ``results``: what a recipe measures of the whole run (flow_ppo:
+    held-out success before and after RL), kept under ``results`` when given."""
     best, last = run.out / "best" / "model", checkpoint.latest(run.out)
     final = best if best.is_dir() else (last / "model" if last is not None else None)
     summary = {"step": step, "model": None, "data": {}, "last_metrics": row}
+    if results is not None:
+        summary["results"] = results
     for name, dataset in datasets.items():
         # every rank loads all rows, and reads only its share of the media
         summary["data"][name] = {**dataset.load_report(), **distributed.sum_counts(dataset.cache_metrics())}
@@ -272,7 +276,10 @@ def per_rank(count: int, ranks: Ranks, name: str) -> int:
 
 def resume_steps(cfg, run: Run, engine, sampler, desc: str):
     """Restore a resumed run's engine state and data position, then return the metrics
-    log and the progress bar over the steps left (rank 0 writes and shows them)."""
+    log and the progress bar over the steps left (rank 0 writes and shows them).
+    ``sampler``: what holds the data position (``state_dict``/``load_state_dict``),
+    saved under the checkpoint state's ``sampler``: GRPO's and SFT's prompt sampler,
+    flow_ppo's random stream and results so far."""
     start = 0
     if run.resume_from is not None:
         state = checkpoint.load(engine, run.resume_from)

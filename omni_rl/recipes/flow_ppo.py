@@ -1,20 +1,22 @@
-"""Flow-policy RL in simulation: behaviour cloning from a few demonstrations, then PPO
-with Flow-Noise or Flow-SDE likelihoods (after pi_RL), in N parallel environments.
+"""Flow-policy RL in simulation, read top to bottom: behaviour cloning from a few
+demonstrations, then PPO with Flow-Noise or Flow-SDE likelihoods (after pi_RL), in N
+parallel environments, on the run lifecycle GRPO and SFT share (``recipes.common``:
+resume, save cadence, ``summary.json``, ``OUTPUT_DIR/model``).
 
-Each iteration resets every env from a fresh seed and runs one episode's worth of
-action chunks (the policy is queried every ``executed`` env steps), then updates the
-policy on them:
+Each step (one PPO iteration) resets every env from a fresh seed and runs one
+episode's worth of action chunks (the policy is queried every ``executed`` env steps),
+then updates the policy on them:
 
     ROLLOUT   sample a chunk per env (K denoising steps, some stochastic), run its
               executed actions, sum their rewards; keep the denoising chain
     ADVANTAGE GAE over chunks with the critic (per-step gamma and lambda folded into
               chunks, bootstrapping truncated episodes), or, critic-free, each
               episode's return normalized within its group of episodes that started
-              from the same state
-    UPDATE    epochs of mini-batches: clipped ratio per chunk or per element,
-              Huber value loss (clipped relative to the return scale, or not),
-              entropy bonus, separate actor/critic rates and gradient clips; the
-              first ``ppo.critic_warmup`` iterations train the critic alone
+              from the same state (GRPO's group advantage)
+    UPDATE    epochs of mini-batches: clipped ratio per chunk or per element (GRPO's
+              clipped surrogate), Huber value loss (clipped relative to the return
+              scale, or not), entropy bonus, separate actor/critic rates and gradient
+              clips; the first ``ppo.critic_warmup`` steps train the critic alone
     EVALUATE  success rate on held-out seeds with the deterministic (ODE) sampler,
               its start noise from a generator of its own; a 95% interval
     LOG, CHECKPOINT
@@ -28,32 +30,38 @@ train what one process trains.
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from contextlib import closing
 
 import torch
 from tqdm import tqdm
 
+from omni_rl.algorithms.advantages import grpo_advantages
 from omni_rl.algorithms.flow import reduce_logprob
-from omni_rl.algorithms.ppo import (
-    chunk_discounting,
-    clipped_surrogate,
-    explained_variance,
-    gae,
-    group_advantages,
-    value_loss,
-)
-from omni_rl.engine import checkpoint, distributed
+from omni_rl.algorithms.losses import clipped_policy_loss
+from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
+from omni_rl.engine import distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
-from omni_rl.recipes.common import MetricsLog, Run, Timer, per_rank, start_run
+from omni_rl.recipes.common import (
+    MetricsLog,
+    Run,
+    Timer,
+    finish_run,
+    last_row,
+    per_rank,
+    resume_steps,
+    save_if_due,
+    start_run,
+)
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.sim import make_vec_env
 from omni_rl.sim.episodes import (
     EnvShare,
+    EpisodeTotals,
     Rollout,
     binomial_interval,
     collect,
@@ -63,47 +71,34 @@ from omni_rl.sim.episodes import (
 )
 from omni_rl.sim.experts import check_demo_seeds, demo_chunks
 
-# ------------------------------------------------------------------------------ pieces
+# the keys of a step's metrics row besides ``env/`` (training episodes, ``episode_metrics``),
+# ``eval/`` (held-out episodes, ``evaluate_policy``), ``time/`` (``Timer``) and the
+# engine's ``optim/`` counters (``TrainingEngine.metrics``); sums over a mini-batch's
+# chunks are divided by its global count, then averaged over the step's mini-batches.
+# Behaviour cloning logs ``bc/loss`` (running mean) and ``bc/chunks`` to ``bc/metrics.jsonl``.
+METRICS = {
+    "loss/policy": "the clipped surrogate (per chunk or per action element, ``ppo.ratio``)",
+    "loss/value": "the Huber value loss (with a critic)",
+    "loss/clip_fraction": "fraction of ratios whose clipped term was the active one (``clipped_policy_loss``)",
+    "loss/ratio_mean": "mean importance ratio pi / pi_old",
+    "loss/ratio_max": "largest importance ratio over every process's chunks",
+    "loss/approx_kl": "mean (r - 1) - log r, an estimate of KL(pi_old || pi)",
+    "actor/entropy": "mean entropy of the stochastic denoising steps' Gaussians (executed actions)",
+    "optim/grad_norm": "gradient norm before clipping, over actor and critic",
+    "optim/actor_grad_norm": "the actor's gradient norm before its clip (``ppo.actor_max_grad_norm``)",
+    "optim/critic_grad_norm": "the critic's gradient norm before its clip (``ppo.critic_max_grad_norm``)",
+    "update/actor_updated": "1 once the critic's warm-up is over (``ppo.critic_warmup``), else 0",
+    "update/value_clip": "the value loss's clip this step (``ppo.value_clip``, scaled by the targets' std)",
+    "update/explained_variance": "1 - Var(target - value) / Var(target) of the rollout's values",
+    "policy/noise_std": "the Gaussian std whose entropy is ``actor/entropy``",
+    "policy/noise_level": "Flow-SDE's a this step (``policy.noise_level``, annealed to ``noise_level_end``)",
+    "env_steps": "env steps of the run so far, over every process",
+    "throughput/env_steps_per_s": "env steps of the step per second of it",
+    "throughput/rollout_env_steps_per_s": "env steps of the step per second of its rollout",
+}
+"""One line per metric a flow_ppo step logs (the docs cite this dict)."""
 
-# the policy's sampling settings, each in force in its method's mode (``FlowPolicyConfig``)
-SAMPLING = ("sigma_min", "sigma_max", "noise_level", "sde_mode", "hybrid_step", "value_input", "noise_steps")
-
-
-def shared_stream(cfg: FlowPPOConfig) -> torch.Generator:
-    """The run's randomness, in the same state on every process: each draws what the
-    whole run needs and keeps its part."""
-    return torch.Generator().manual_seed(cfg.run.seed)
-
-
-def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator) -> FlowPolicy:
-    """The policy, its initial weights drawn from ``stream``."""
-    p = cfg.policy
-    with torch.random.fork_rng(devices=[]):
-        torch.set_rng_state(stream.get_state())
-        policy = FlowPolicy(
-            obs_dim,
-            action_dim,
-            horizon=p.horizon,
-            executed=p.executed,
-            steps=p.denoise_steps,
-            width=p.width,
-            encoder=p.encoder,
-            method=p.method,
-            **{name: p.setting(name) for name in SAMPLING},
-        )
-        stream.set_state(torch.get_rng_state())
-    return policy
-
-
-def noise_level_at(iteration: int, cfg: FlowPPOConfig) -> float:
-    """Flow-SDE's a at PPO iteration ``iteration`` (from 0): ``policy.noise_level``, or
-    linear from it to ``policy.noise_level_end`` at the last iteration (the engine's
-    linear schedule, counted in iterations)."""
-    p = cfg.policy
-    start = p.setting("noise_level")
-    if p.noise_level_end is None:
-        return start
-    return start * lr_factor(iteration, 0, cfg.trainer.iterations, "linear", p.noise_level_end / start)
+# ------------------------------------------------------------------------------ SETUP
 
 
 def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
@@ -115,6 +110,55 @@ def env_share(cfg: FlowPPOConfig, run: Run) -> EnvShare:
             f"not a multiple of ppo.group_size={group} (a group must not straddle processes)"
         )
     return EnvShare(run.ranks.rank * count, count, cfg.env.num_envs)
+
+
+def make_env(cfg: FlowPPOConfig, envs: EnvShare):
+    """This process's vectorized envs (``envs.count`` of them)."""
+    e = cfg.env
+    return make_vec_env(
+        e.task,
+        envs.count,
+        backend=e.backend,
+        obs_mode=e.obs_mode,
+        control_mode=e.control_mode,
+        reward_mode=e.reward_mode,
+        seed=cfg.run.seed + envs.start,
+        max_episode_steps=e.max_episode_steps,
+        ignore_terminations=e.ignore_terminations,
+    )
+
+
+def shared_stream(cfg: FlowPPOConfig) -> torch.Generator:
+    """The run's randomness, in the same state on every process: each draws what the
+    whole run needs and keeps its part."""
+    return torch.Generator().manual_seed(cfg.run.seed)
+
+
+class Progress:
+    """What a resumed run needs back beside the engine's state: the shared stream's
+    position and the results so far (held-out success after BC, env steps). Restored by
+    ``resume_steps`` from the checkpoint state's ``sampler`` entry, where GRPO and SFT
+    keep their data position."""
+
+    def __init__(self, stream: torch.Generator):
+        self.stream = stream
+        self.results: dict = {"env_steps": 0}
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.get_state().tolist(), "results": self.results}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.set_state(torch.tensor(state["stream"], dtype=torch.uint8))
+        self.results = state["results"]
+
+
+def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator) -> FlowPolicy:
+    """The policy, its initial weights drawn from ``stream``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(stream.get_state())
+        policy = FlowPolicy(cfg.policy, obs_dim, action_dim)
+        stream.set_state(torch.get_rng_state())
+    return policy
 
 
 def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEngine:
@@ -135,7 +179,11 @@ def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEng
         strategy=strategy,
         max_grad_norm=0.0,
         param_groups=actor,
+        max_bad_steps=t.max_bad_steps,
     )
+
+
+# ------------------------------------------------------------------------------ WARM START
 
 
 def behaviour_clone(
@@ -167,6 +215,36 @@ def behaviour_clone(
     return running
 
 
+def evaluate_policy(engine: TrainingEngine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
+    """Held-out success (with its 95% interval), return and length: each process plays
+    its share of the seeds with the full policy; the totals add up over processes."""
+    t = cfg.trainer
+    with engine.forward_context():
+        totals = evaluate_success(
+            engine.module, env, envs, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, engine.device
+        )
+    success, ret, length, count = distributed.all_sum(totals)
+    low, high = binomial_interval(success, t.eval_episodes)
+    return {
+        "success": success / t.eval_episodes,
+        "success_low": low,
+        "success_high": high,
+        "return": ret / max(count, 1),
+        "length": length / max(count, 1),
+    }
+
+
+def interval_summary(name: str, result: dict) -> dict:
+    """``{name: success, name_ci95: [low, high]}`` of an :func:`evaluate_policy` result."""
+    return {
+        name: result["success"],
+        f"{name}_ci95": [round(result["success_low"], 4), round(result["success_high"], 4)],
+    }
+
+
+# ------------------------------------------------------------------------------ PPO OPTIMIZER
+
+
 def use_ppo_optimizer(engine: TrainingEngine, cfg: FlowPPOConfig) -> None:
     """PPO's optimizer: Adam with separate actor and critic rates, each part's gradient
     norm clipped on its own (the critic's large early gradients never shrink the actor's
@@ -183,7 +261,7 @@ def use_ppo_optimizer(engine: TrainingEngine, cfg: FlowPPOConfig) -> None:
             },
         ]
 
-    steps = cfg.trainer.iterations * p.epochs * p.minibatches
+    steps = cfg.trainer.steps * p.epochs * p.minibatches
     engine.use_optimizer(
         AdamWConfig(lr=p.actor_lr),
         steps,
@@ -191,6 +269,23 @@ def use_ppo_optimizer(engine: TrainingEngine, cfg: FlowPPOConfig) -> None:
         min_lr_ratio=p.setting("min_lr_ratio"),
         param_groups=actor_and_critic,
     )
+
+
+# ------------------------------------------------------------------------------ ROLLOUT
+
+
+def noise_level_at(step: int, cfg: FlowPPOConfig) -> float:
+    """Flow-SDE's a at step ``step`` (from 0): ``policy.noise_level``, or linear
+    from it to ``policy.noise_level_end`` at the last step (the engine's linear
+    schedule, counted in steps)."""
+    p = cfg.policy
+    start = p.setting("noise_level")
+    if p.noise_level_end is None:
+        return start
+    return start * lr_factor(step, 0, cfg.trainer.steps, "linear", p.noise_level_end / start)
+
+
+# ------------------------------------------------------------------------------ ADVANTAGE
 
 
 def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,9 +297,12 @@ def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torc
         return gae(reward, rollout.values, rollout.next_values, rollout.terminated, rollout.done, discount, lam)
     returns = (rollout.rewards * rollout.alive).sum(dim=-1)
     returns = (returns * rollout.valid).sum(dim=0)
-    groups = torch.arange(returns.shape[0], device=returns.device) // p.setting("group_size")
-    adv = group_advantages(returns, groups)[None, :].expand_as(rollout.valid)
+    # envs are grouped consecutively by initial state (``episode_seeds``)
+    adv = grpo_advantages(returns, p.setting("group_size"))[None, :].expand_as(rollout.valid)
     return adv.float().clone(), returns[None, :].expand_as(rollout.valid).float().clone()
+
+
+# ------------------------------------------------------------------------------ UPDATE
 
 
 def value_clip(returns: torch.Tensor, cfg: FlowPPOConfig) -> float | None:
@@ -254,9 +352,9 @@ def ppo_loss(
     engine: TrainingEngine, b: dict, adv: torch.Tensor, cfg: FlowPPOConfig, train_actor: bool, clip: float | None
 ) -> tuple[torch.Tensor, dict]:
     """The PPO loss of chunks ``b`` summed over them (the caller divides by the global
-    mini-batch size), and their diagnostics: sums, and the largest ratio. Without
-    ``train_actor`` (the critic's warm-up) only the value loss is optimized; ``clip``:
-    the value clip."""
+    mini-batch size), and their diagnostics (``METRICS`` keys): sums, and the largest
+    ratio. Without ``train_actor`` (the critic's warm-up) only the value loss is
+    optimized; ``clip``: the value clip."""
     p, policy = cfg.ppo, engine.module
     logp, entropy, value = engine.model(b["obs"], b["chain"], b["stochastic"])
     if p.ratio == "element":
@@ -265,19 +363,46 @@ def ppo_loss(
     else:
         how = cfg.policy.setting("logprob")
         new, old = (reduce_logprob(x, policy.action_mask, how) for x in (logp, b["logp"]))
-    policy_loss, stats = clipped_surrogate(new, old, adv, p.clip_low, p.clip_high, reduction="sum")
+    if new.dim() == 1:  # one ratio per chunk: a row of one element
+        new, old = new[:, None], old[:, None]
+    # each chunk's mean over its elements, summed over chunks (denominator 1): the caller
+    # divides by the global mini-batch size
+    every = torch.ones_like(new)  # each chunk's elements are all real ones
+    policy_loss, stats = clipped_policy_loss(
+        new, old, adv, every, p.clip_low, p.clip_high, aggregation="seq-mean-token-mean", denominator=1.0
+    )
     # the warm-up's loss leaves the actor's gradients unset: the optimizer skips it
     bonus = p.setting("entropy_coef") * entropy.sum()
     loss = policy_loss - bonus if train_actor else torch.zeros((), device=value.device)
     n = adv.shape[0]
-    record = {"n": n, "policy_loss": policy_loss.item(), "entropy": entropy.sum().item()}
-    record.update({k: stats[k] * n for k in ("ratio_mean", "clip_fraction", "approx_kl")})
-    record["ratio_max"] = stats["ratio_max"]
+    record = {"n": n, "loss/policy": policy_loss.item(), "actor/entropy": entropy.sum().item()}
+    record.update({f"loss/{k}": getattr(stats, k) * n for k in ("ratio_mean", "clip_fraction", "approx_kl")})
+    record["loss/ratio_max"] = stats.ratio_max
     if not p.critic_free:
         v_loss = value_loss(value, b["values"], b["returns"], clip, p.setting("huber_delta"), reduction="sum")
         loss = loss + p.setting("value_coef") * v_loss
-        record["value_loss"] = v_loss.item()
+        record["loss/value"] = v_loss.item()
     return loss, record
+
+
+def first_chunk() -> torch.Tensor:
+    """The filler of a process without members in a mini-batch: its first chunk."""
+    return torch.zeros(1, dtype=torch.long)
+
+
+def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
+    """Every process's diagnostics of each mini-batch combined (sums over the global
+    count, the largest ratio), then averaged over mini-batches."""
+    totals = {"optim/grad_norm": sum(grad_norms)}
+    for batch in zip(*distributed.gather_objects([records]), strict=True):
+        count = sum(r["n"] for r in batch)
+        for key in sorted({k for r in batch for k in r} - {"n"}):
+            if key == "loss/ratio_max":
+                value = max(r.get(key, -math.inf) for r in batch)
+            else:
+                value = sum(r.get(key, 0.0) for r in batch) / count
+            totals[key] = totals.get(key, 0.0) + value
+    return {k: v / max(len(grad_norms), 1) for k, v in totals.items()}
 
 
 def update(
@@ -291,8 +416,8 @@ def update(
     train_actor: bool = True,
 ) -> dict:
     """PPO epochs over global mini-batches of valid chunks, one optimizer step each;
-    returns the diagnostics averaged over mini-batches. ``train_actor`` False: the
-    critic alone learns (warm-up)."""
+    returns the diagnostics (``METRICS`` keys) averaged over mini-batches.
+    ``train_actor`` False: the critic alone learns (warm-up)."""
     p = cfg.ppo
     clip = None if p.critic_free else value_clip(returns[rollout.valid], cfg)
     flat = {
@@ -308,68 +433,62 @@ def update(
     for _ in range(p.epochs):
         batches = list(minibatches(rollout, envs, cfg, stream))
         scales = advantage_scales(batches, flat["adv"]) if p.normalize_advantages else [(0.0, 1.0)] * len(batches)
-        for (size, mine), (mean, std) in zip(batches, scales, strict=True):
-            # a process without members still runs a forward and backward (weight 0):
-            # data-parallel wrappers reduce gradients in every process together
-            weight = 1.0 if mine.numel() else 0.0
-            b = {k: v[mine if mine.numel() else [0]].to(engine.device) for k, v in flat.items()}
-            loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg, train_actor, clip)
-            engine.backward(loss * (weight / size))
+        for (size, members), (mean, std) in zip(batches, scales, strict=True):
+            # a process without members still runs a forward and backward of its first
+            # chunk (weight 0): data-parallel wrappers reduce gradients in every process together
+            for mine, real in distributed.lockstep([members] if members.numel() else [], filler=first_chunk):
+                b = {k: v[mine].to(engine.device) for k, v in flat.items()}
+                loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg, train_actor, clip)
+                engine.backward(loss * ((1.0 if real else 0.0) / size))
+                records.append(record if real else {"n": 0})
             result = engine.step()
             grad_norms.append(result.grad_norm)
             group_norms.append(result.group_norms)
-            records.append(record if weight else {"n": 0})
     diagnostics = mean_diagnostics(records, grad_norms)
     for name, norms in zip(("actor_grad_norm", "critic_grad_norm"), zip(*group_norms, strict=True), strict=True):
-        diagnostics[f"train/{name}"] = sum(norms) / len(norms)
+        diagnostics[f"optim/{name}"] = sum(norms) / len(norms)
     if clip is not None:
-        diagnostics["train/value_clip"] = clip
+        diagnostics["update/value_clip"] = clip
     if not p.critic_free:  # of the values the rollout used, over every process's envs
         pairs = distributed.gather_objects([torch.stack([rollout.values, returns])[:, rollout.valid].cpu()])
         values, targets = torch.cat(pairs, dim=1)
-        diagnostics["train/explained_variance"] = explained_variance(values, targets)
+        diagnostics["update/explained_variance"] = explained_variance(values, targets)
     return diagnostics
 
 
-def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
-    """Every process's diagnostics of each mini-batch combined (sums over the global
-    count, the largest ratio), then averaged over mini-batches."""
-    totals = {"grad_norm": sum(grad_norms)}
-    for batch in zip(*distributed.gather_objects([records]), strict=True):
-        count = sum(r["n"] for r in batch)
-        for key in sorted({k for r in batch for k in r} - {"n"}):
-            if key == "ratio_max":
-                value = max(r.get(key, -math.inf) for r in batch)
-            else:
-                value = sum(r.get(key, 0.0) for r in batch) / count
-            totals[key] = totals.get(key, 0.0) + value
-    return {f"train/{k}": v / max(len(grad_norms), 1) for k, v in totals.items()}
+# ------------------------------------------------------------------------------ LOG
 
 
-def evaluate(engine: TrainingEngine, env, envs: EnvShare, cfg: FlowPPOConfig) -> dict:
-    """Held-out success (with its 95% interval), return and length: each process plays
-    its share of the seeds with the full policy; the totals add up over processes."""
-    t = cfg.trainer
-    with engine.forward_context():
-        totals = evaluate_success(
-            engine.module, env, envs, t.eval_episodes, t.eval_seed, cfg.env.max_episode_steps, engine.device
-        )
-    success, ret, length, count = distributed.all_sum(totals)
-    low, high = binomial_interval(success, t.eval_episodes)
+def step_row(
+    step: int,
+    episodes: EpisodeTotals,
+    metrics: dict,
+    timer: Timer,
+    env_steps: int,
+    progress: Progress,
+    cfg: FlowPPOConfig,
+    engine: TrainingEngine,
+) -> dict:
+    """The metrics row of ``step`` (1-based): training episodes' totals added up over
+    processes, the update's diagnostics, timings averaged over processes (``METRICS``)."""
+    timing = distributed.mean_metrics(
+        {
+            **timer.metrics(),
+            "throughput/env_steps_per_s": env_steps / max(timer.total, 1e-9),
+            "throughput/rollout_env_steps_per_s": env_steps / max(timer.seconds["rollout"], 1e-9),
+        }
+    )
+    policy = engine.module
     return {
-        "success": success / t.eval_episodes,
-        "success_low": low,
-        "success_high": high,
-        "return": ret / max(count, 1),
-        "length": length / max(count, 1),
-    }
-
-
-def interval_summary(name: str, result: dict) -> dict:
-    """``{name: success, name_ci95: [low, high]}`` of an :func:`evaluate` result."""
-    return {
-        name: result["success"],
-        f"{name}_ci95": [round(result["success_low"], 4), round(result["success_high"], 4)],
+        "step": step,
+        **episode_metrics(distributed.all_sum(episodes.totals())),
+        **metrics,
+        **engine.metrics(),
+        **timing,
+        # the entropy of a Gaussian of std s is log s + (log 2 pi + 1) / 2
+        "policy/noise_std": math.exp(metrics.get("actor/entropy", 0.0) - 0.5 * (math.log(2 * math.pi) + 1)),
+        **({"policy/noise_level": policy.noise_level} if cfg.policy.method == "flow_sde" else {}),
+        "env_steps": progress.results["env_steps"],
     }
 
 
@@ -377,116 +496,72 @@ def interval_summary(name: str, result: dict) -> dict:
 
 
 def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
-    """Run BC (when demos are given) and PPO; returns the summary (also written to
-    ``summary.json``): held-out success after BC and after RL, env steps, seconds."""
+    """Run BC (when demos are given) and PPO; returns the results (also in
+    ``summary.json``'s ``results``): held-out success after BC and after RL with their
+    95% intervals, env steps, seconds. ``resume``: None, 'auto' or a checkpoint directory."""
     started = time.perf_counter()
+    t, p = cfg.trainer, cfg.ppo
     run = start_run(cfg, resume)
     envs = env_share(cfg, run)
-    env = make_vec_env(
-        cfg.env.task,
-        envs.count,
-        backend=cfg.env.backend,
-        obs_mode=cfg.env.obs_mode,
-        control_mode=cfg.env.control_mode,
-        reward_mode=cfg.env.reward_mode,
-        seed=cfg.run.seed + envs.start,
-        max_episode_steps=cfg.env.max_episode_steps,
-        ignore_terminations=cfg.env.ignore_terminations,
-    )
-    try:
-        return _train(cfg, run, envs, env, started)
-    finally:
-        env.close()
+    with closing(make_env(cfg, envs)) as env:
+        progress = Progress(shared_stream(cfg))
+        policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream).to(run.device)
+        engine = make_engine(policy, cfg, run)
 
+        # WARM START: behaviour cloning, then the held-out success RL starts from
+        if run.resume_from is None:
+            if cfg.bc.demos:
+                check_demo_seeds(cfg.bc.demos, t.eval_seed, t.eval_episodes)
+                bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
+                progress.results["bc_loss"] = behaviour_clone(engine, cfg, run, progress.stream, bc_log)
+                bc_log.close()
+            start_eval = evaluate_policy(engine, env, envs, cfg)
+            progress.results.update(interval_summary("success_bc", start_eval), backend=env.backend)
+        # PPO's optimizer; a resumed run restores it, the weights, the stream and the results
+        use_ppo_optimizer(engine, cfg)
+        log, bar = resume_steps(cfg, run, engine, progress, "flow_ppo")
+        if run.resume_from is None:
+            log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)
 
-def _train(cfg: FlowPPOConfig, run: Run, envs: EnvShare, env, started: float) -> dict:
-    t, p = cfg.trainer, cfg.ppo
-    stream = shared_stream(cfg)
-    policy = build_policy(cfg, env.obs_dim, env.action_dim, stream).to(run.device)
-    engine = make_engine(policy, cfg, run)
-    start, summary = 0, {}
-
-    # WARM START: behaviour cloning, then the held-out success RL starts from
-    if run.resume_from is None:
-        if cfg.bc.demos:
-            check_demo_seeds(cfg.bc.demos, t.eval_seed, t.eval_episodes)
-            bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
-            summary["bc_loss"] = behaviour_clone(engine, cfg, run, stream, bc_log)
-            bc_log.close()
-        start_eval = evaluate(engine, env, envs, cfg)
-        summary.update(interval_summary("success_bc", start_eval), env_steps=0, backend=env.backend)
-    # PPO's optimizer; a resumed run restores it, the weights and the shared stream
-    use_ppo_optimizer(engine, cfg)
-    if run.resume_from is not None:
-        state = checkpoint.load(engine, run.resume_from)
-        start, summary = state["step"], state["summary"]
-        stream.set_state(torch.tensor(state["stream"], dtype=torch.uint8))
-    log = MetricsLog(run.out, start if run.resume_from is not None else None, enabled=run.ranks.is_main, cfg=cfg)
-    if run.resume_from is None:
-        log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)
-
-    chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
-    group = p.setting("group_size") if p.critic_free else 1
-    bar = tqdm(
-        range(start, t.iterations), initial=start, total=t.iterations, desc="flow_ppo", disable=not run.ranks.is_main
-    )
-    row: dict = {}
-    for iteration in bar:
-        timer = Timer()
-        # ROLLOUT: one episode's worth of chunks per env, this process's share of them
-        policy.noise_level = noise_level_at(iteration, cfg)  # the rollout's and the update's
-        with timer("reset"):
-            seeds = episode_seeds(cfg.run.seed, iteration, envs.total, group, t.eval_seed)
-            obs = env.reset(seed=seeds[envs.rows])
-        with timer("rollout"), engine.forward_context():
-            rollout, episodes = collect(policy, env, envs, obs, chunks, stream, run.device)
-        # the critic's warm-up: its first iterations fit the value head alone
-        train_actor = iteration >= p.critic_warmup
-        env_steps = chunks * envs.total * policy.executed
-        summary["env_steps"] = summary.get("env_steps", 0) + env_steps
-        # ADVANTAGE + UPDATE
-        with timer("update"):
-            adv, returns = advantages(rollout, cfg)
-            metrics = update(engine, rollout, adv, returns, cfg, envs, stream, train_actor)
-        # LOG: episode totals add up over processes, timings are averaged
-        timing = distributed.mean_metrics(
-            {
-                **timer.metrics(),
-                "throughput/env_steps_per_s": env_steps / max(timer.total, 1e-9),
-                "throughput/rollout_env_steps_per_s": env_steps / max(timer.seconds["rollout"], 1e-9),
-            }
-        )
-        row = {
-            "step": iteration + 1,
-            **episode_metrics(distributed.all_sum(episodes.totals())),
-            **metrics,
-            **engine.metrics(),
-            **timing,
-            "policy/noise_std": math.exp(metrics.get("train/entropy", 0.0) - 0.5 * (math.log(2 * math.pi) + 1)),
-            **({"policy/noise_level": policy.noise_level} if cfg.policy.method == "flow_sde" else {}),
-            "env_steps": summary["env_steps"],
-            "train/actor_updated": float(train_actor),
-        }
-        # EVALUATE
-        last = iteration + 1 == t.iterations
-        if last or (t.eval_every and (iteration + 1) % t.eval_every == 0):
-            row.update({f"eval/{k}": v for k, v in evaluate(engine, env, envs, cfg).items()})
-        log.log(row, force=True)
-        bar.set_postfix(
-            success=f"{row.get('env/success_once', 0):.2f}", steps_s=f"{row['throughput/env_steps_per_s']:.0f}"
-        )
-        # CHECKPOINT
-        if last or (t.save_every and (iteration + 1) % t.save_every == 0):
-            state = {"summary": summary, "stream": stream.get_state().tolist()}
-            checkpoint.save(engine, run.out, iteration + 1, state, keep_last=t.keep_last)
-    log.close()
-    if "eval/success" in row:
-        summary.update(interval_summary("success_rl", {k[5:]: v for k, v in row.items() if k.startswith("eval/")}))
-    summary.update(
-        heldout_episodes=t.eval_episodes,
-        iterations=t.iterations,
-        seconds=round(time.perf_counter() - started, 1),
-    )
-    if run.ranks.is_main:
-        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        chunks = math.ceil(cfg.env.max_episode_steps / policy.executed)
+        group = p.setting("group_size") if p.critic_free else 1
+        row: dict = {}
+        for step in bar:
+            timer = Timer()
+            # ROLLOUT: one episode's worth of chunks per env, this process's share of them
+            policy.noise_level = noise_level_at(step, cfg)  # the rollout's and the update's
+            with timer("reset"):
+                seeds = episode_seeds(cfg.run.seed, step, envs.total, group, t.eval_seed)
+                obs = env.reset(seed=seeds[envs.rows])
+            with timer("rollout"), engine.forward_context():
+                rollout, episodes = collect(policy, env, envs, obs, chunks, progress.stream, run.device)
+            # the critic's warm-up: its first steps fit the value head alone
+            train_actor = step >= p.critic_warmup
+            env_steps = chunks * envs.total * policy.executed
+            progress.results["env_steps"] += env_steps
+            # ADVANTAGE + UPDATE
+            with timer("update"):
+                adv, returns = advantages(rollout, cfg)
+                metrics = update(engine, rollout, adv, returns, cfg, envs, progress.stream, train_actor)
+            # LOG
+            row = step_row(step + 1, episodes, metrics, timer, env_steps, progress, cfg, engine)
+            row["update/actor_updated"] = float(train_actor)
+            # EVALUATE
+            last = step + 1 == t.steps
+            evaluated = last or bool(t.eval_every and (step + 1) % t.eval_every == 0)
+            if evaluated:
+                row.update({f"eval/{k}": v for k, v in evaluate_policy(engine, env, envs, cfg).items()})
+            log.log(row, force=evaluated)
+            bar.set_postfix(
+                success=f"{row.get('env/success_once', 0):.2f}", steps_s=f"{row['throughput/env_steps_per_s']:.0f}"
+            )
+            # CHECKPOINT
+            save_if_due(cfg, run, step + 1, engine, None, {"sampler": progress.state_dict()})
+        log.close()
+        results, final = progress.results, row or last_row(run.out)  # a finished run resumed trains no step
+        if "eval/success" in final:
+            held_out = {k[5:]: v for k, v in final.items() if k.startswith("eval/")}
+            results.update(interval_summary("success_rl", held_out))
+        results.update(heldout_episodes=t.eval_episodes, steps=t.steps, seconds=round(time.perf_counter() - started, 1))
+        finish_run(run, t.steps, {}, final, results)
+        return results

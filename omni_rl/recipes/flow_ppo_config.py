@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from omni_rl.config import FieldError, ModeDefaults, require, require_unset
-from omni_rl.engine.config import Precision, Schedule, Strategy
+from omni_rl.engine.config import Schedule, TrainerConfig
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.runtime import RunConfig
 from omni_rl.sim.config import SimEnvConfig
@@ -19,7 +18,7 @@ from omni_rl.sim.config import SimEnvConfig
 class PPOConfig(ModeDefaults):
     """PPO over action chunks (or the critic-free GRPO variant). Defaults follow RLinf's
     state-based ManiSkill settings (clip 0.2/0.2, grad clip 0.5, 8 epochs) except where
-    measurement on PushCube said otherwise (the README's flow section has the runs):
+    measurement on PushCube said otherwise (docs/results/flow-ppo.md has the runs):
     gamma 0.95 per env step, not 0.8 (0.8 sees about 5 steps ahead, and a push takes 20
     to 40; the quickstart's mean gain over 3 seeds rose from +0.04 to +0.14), and
     lambda 1, not 0.9 (a critic fitted on a CPU's small batches explained 0.2 to 0.7 of
@@ -140,33 +139,46 @@ def check_policy_and_ppo(policy: FlowPolicyConfig, ppo: PPOConfig) -> None:
         require_unset({"ppo.entropy_coef": ppo.entropy_coef}, mode)
 
 
-@dataclass
-class FlowTrainerConfig:
-    """The outer loop of flow-policy RL."""
+# TrainerConfig's fields flow PPO never reads, each with what does their job here
+NOT_FOR_FLOW = {
+    "max_grad_norm": "ppo.actor_max_grad_norm and ppo.critic_max_grad_norm clip the actor and the critic apart",
+    "warmup_steps": "the PPO rates have no warm-up (ppo.critic_warmup trains the critic alone first)",
+    "schedule": "ppo.lr_schedule sets both PPO rates' schedule",
+    "min_lr_ratio": "ppo.min_lr_ratio is where the PPO schedule ends",
+    "best_metric": "flow_ppo keeps no best model (OUTPUT_DIR/model is the last one)",
+    "micro_batch_size": "each PPO mini-batch runs in one forward (ppo.minibatches sets their size)",
+    "max_tokens_per_microbatch": "a flow policy has no tokens",
+}
 
-    iterations: int = 100
-    """Rollout-and-update iterations (each: one episode's worth of steps in every env)."""
-    eval_every: int = 10
-    """Evaluate success on held-out seeds every this many iterations (0: only at the end)."""
+
+@dataclass
+class FlowTrainerConfig(TrainerConfig):
+    """The outer loop of flow-policy RL: the engine's ``trainer:`` section, where a step
+    is one rollout-and-update iteration (one episode's worth of env steps in every env,
+    then ``ppo.epochs`` x ``ppo.minibatches`` optimizer steps), plus the held-out
+    evaluation. ``eval_every`` counts steps and evaluates on held-out seeds;
+    ``strategy: auto`` is ddp with several processes (sharding a 2-layer MLP gains
+    nothing). The fields of ``NOT_FOR_FLOW`` are refused unless left at their default."""
+
     eval_episodes: int = 200
     """Held-out episodes per evaluation (200 give a 95% interval of about +-6 points at 0.5)."""
     eval_seed: int = 1_000_000
     """First held-out seed: training seeds lie below it, held-out ones from it up, and
     demonstrations (checked when they load) in neither range."""
-    save_every: int = 0
-    """Checkpoint every this many iterations (0: only at the end)."""
-    keep_last: int = 2
-    """Checkpoints kept on disk."""
-    precision: Precision = "fp32"
-    """fp32, bf16-mixed, bf16-pure or auto (bf16-mixed on CUDA); default fp32 (a small MLP
-    gains nothing from bf16). In one process and under DDP, rollouts sample in the
-    update's precision, so each update's first ratio is exactly 1."""
-    strategy: Strategy = "auto"
-    """ddp, fsdp or single; auto: ddp with several processes (sharding a 2-layer MLP gains nothing)."""
 
     def __post_init__(self):
-        require(self.iterations >= 1, "iterations", "must be >= 1")
+        super().__post_init__()
+        defaults = TrainerConfig()
+        for name, why in NOT_FOR_FLOW.items():
+            require(getattr(self, name) == getattr(defaults, name), name, f"does nothing in flow_ppo: {why}")
         require(self.eval_episodes >= 1, "eval_episodes", "must be >= 1")
+
+
+def flow_trainer(**fields) -> FlowTrainerConfig:
+    """A flow ``trainer:`` section with flow's defaults: 100 steps, an evaluation every
+    10, fp32 (a small MLP gains nothing from bf16; in one process and under DDP,
+    rollouts sample in the update's precision, so each update's first ratio is exactly 1)."""
+    return FlowTrainerConfig(**{"steps": 100, "eval_every": 10, "precision": "fp32", **fields})
 
 
 @dataclass
@@ -185,7 +197,6 @@ class BCConfig:
     """Chunks per step."""
 
 
-@register_recipe("flow_ppo", runner="omni_rl.recipes.flow_ppo:train", trainable=True)
 @dataclass
 class FlowPPOConfig:
     """``omni-rl train``: behaviour cloning, then Flow-Noise / Flow-SDE PPO in simulation."""
@@ -200,7 +211,7 @@ class FlowPPOConfig:
     """The policy."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """The update."""
-    trainer: FlowTrainerConfig = field(default_factory=FlowTrainerConfig)
+    trainer: FlowTrainerConfig = field(default_factory=flow_trainer)
     """The loop."""
     bc: BCConfig = field(default_factory=BCConfig)
     """The warm start."""

@@ -28,6 +28,7 @@ from omni_rl.algorithms.sampling import informative_groups, mask_truncated, over
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine
+from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
@@ -45,7 +46,6 @@ from omni_rl.recipes.common import (
     start_run,
 )
 from omni_rl.recipes.grpo_config import GRPOConfig
-from omni_rl.recipes.heldout import HeldOut
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout import build_rollout_engine
@@ -260,7 +260,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     run = start_run(cfg, resume)
     load_plugins(cfg.rewards.custom)
     dataset, sampler = setup_data(cfg)  # every row checked before the model is built
-    heldout = HeldOut.for_run(cfg, run.out)
+    heldout = HeldOut.for_run(cfg, run.out, cfg.rewards.settings(), cfg.rollout.temperature)
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     total = cfg.trainer.steps * _updates_per_step(cfg)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
@@ -312,7 +312,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **update,
             **_rollout_metrics(rollouts),
             **engine.metrics(),
-            "scorer_errors": sum("error" in r.details for r, _, _ in everything),
+            "reward/scorer_errors": sum("error" in r.details for r, _, _ in everything),
             **distributed.sum_counts(dataset.cache_metrics()),
             **dataset.load_report(),
         }
@@ -345,15 +345,13 @@ def _plan(prompts: list[int], lengths: list[tuple[int, int]], cfg: GRPOConfig) -
     micro, budget = cfg.trainer.micro_batch_size, cfg.trainer.max_tokens_per_microbatch
     minis = [prompts[i : i + mini] for i in range(0, len(prompts), mini)]
     plan = []
-    for m in range(distributed.all_max(len(minis))):
-        chunks = []
-        for c in minis[m : m + 1]:
-            if budget:
-                chunks += [[c[j] for j in b] for b in pack_by_tokens([lengths[p] for p in c], budget, micro)]
-            else:
-                step = micro or len(c)
-                chunks += [c[i : i + step] for i in range(0, len(c), step)]
-        plan.append(chunks + [[]] * (distributed.all_max(len(chunks)) - len(chunks)))
+    for c, _ in distributed.lockstep(minis, filler=list):  # a rank out of mini-batches runs empty ones
+        if budget:
+            chunks = [[c[j] for j in b] for b in pack_by_tokens([lengths[p] for p in c], budget, micro)]
+        else:
+            step = micro or len(c) or 1
+            chunks = [c[i : i + step] for i in range(0, len(c), step)]
+        plan.append([chunk if real else [] for chunk, real in distributed.lockstep(chunks, filler=list)])
     return plan
 
 

@@ -11,7 +11,6 @@ from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.registry import did_you_mean
 from omni_rl.rewards.config import RewardsConfig
@@ -113,7 +112,6 @@ class AlgorithmConfig:
         return self.aggregation or "token-mean"
 
 
-@register_recipe("grpo", runner="omni_rl.recipes.grpo:train", trainable=True)
 @dataclass
 class GRPOConfig:
     """GRPO-family RL of a vision/audio-language model against verifiable rewards."""

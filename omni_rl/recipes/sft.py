@@ -11,6 +11,7 @@ from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
+from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion, collate_prompts
 from omni_rl.recipes.common import (
@@ -26,7 +27,6 @@ from omni_rl.recipes.common import (
     setup_model,
     start_run,
 )
-from omni_rl.recipes.heldout import HeldOut
 from omni_rl.recipes.sft_config import SFTConfig
 
 
@@ -83,7 +83,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     """Run SFT; returns the last step's metrics."""
     run = start_run(cfg, resume)
     dataset, sampler = setup_data(cfg)  # every row checked before the model is built
-    heldout = HeldOut.for_run(cfg, run.out)
+    heldout = HeldOut.for_run(cfg, run.out)  # no rewards or rollout section: default reward settings, pass@K at 1.0
     model, processor, _ = setup_model(cfg, run)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
@@ -97,11 +97,9 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
             # first with zero weight, so that sharded forwards stay in step
-            weights = [1.0] * len(plan) + [0.0] * (distributed.all_max(len(plan)) - len(plan))
-            parts = [
-                _batch([encoded[i] for i in (plan[k] if w else plan[0])], processor, run.device)
-                for k, w in enumerate(weights)
-            ]
+            steps = distributed.lockstep(plan)
+            weights = [1.0 if real else 0.0 for _, real in steps]
+            parts = [_batch([encoded[i] for i in micro], processor, run.device) for micro, _ in steps]
             (tokens,) = distributed.all_sum(
                 [float(sum(w * int((labels != -100).sum()) for (_, labels), w in zip(parts, weights, strict=True)))]
             )

@@ -8,7 +8,6 @@ from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
 from omni_rl.preprocess.config import MediaConfig
-from omni_rl.recipes import register_recipe
 from omni_rl.recipes.logging_config import LoggingConfig
 from omni_rl.runtime import RunConfig
 
@@ -21,7 +20,6 @@ class SFTSection:
     """The target completion, filled with the row's fields ({answer}, {solution}, ...)."""
 
 
-@register_recipe("sft", runner="omni_rl.recipes.sft:train", trainable=True)
 @dataclass
 class SFTConfig:
     """Supervised fine-tuning (a cold start before RL) on the same data and models."""

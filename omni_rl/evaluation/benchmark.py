@@ -1,6 +1,6 @@
-"""Running a benchmark preset: rows from its files, answers from a model (or a file of
-saved responses), scores by the preset's parser and metric, and results shaped like
-lmms-eval's (aggregate scores per task plus one record per sample).
+"""A benchmark preset, ready to evaluate: its rows from the files as distributed, their
+media read by the training path, and results shaped like lmms-eval's (aggregate scores
+per task plus one record per sample).
 
 Media go through the training path: the preset's rows are written as omni_rl rows
 (``rows.jsonl``) and read by ``MediaDataset`` with the protocol's media settings, the
@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from omni_rl.benchmarks.base import BENCHMARKS, Benchmark, Protocol, Reading, Scored, spread
-from omni_rl.errors import OmniRLError
-from omni_rl.preprocess.rows import RowFailure, read_rows
-from omni_rl.rewards import Target, check_targets, score_batch
+from omni_rl.data.dataset import MediaDataset
+from omni_rl.engine import distributed
+from omni_rl.errors import OmniRLError, RowFailure
+from omni_rl.preprocess.config import MediaConfig
+from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.rows import read_rows
+from omni_rl.rewards import check_targets
 
 log = logging.getLogger(__name__)
 
@@ -78,36 +82,36 @@ def prepare(
     return Prepared(benchmark, protocol, root, rows_file, rows, failures, deviations)
 
 
-def answer_with_model(
-    prepared: Prepared, model, processor, family: str, cache: str | None = None, progress: bool = True
-) -> tuple[dict[str, list[str]], list[RowFailure], dict]:
-    """{row id: responses} from the model under the protocol, the rows whose media could
-    not be read, and the media settings with the cache's use. With ``cache``, the rows'
-    media are first preprocessed into it (entries already there are kept), as for
-    training. Under torchrun each rank answers its share of the rows."""
-    from omni_rl.data.dataset import MediaDataset
-    from omni_rl.engine.distributed import barrier, gather_objects, ranks, sum_counts
-    from omni_rl.evaluate import generate_answers
-    from omni_rl.preprocess.config import MediaConfig
-    from omni_rl.preprocess.pipeline import Budgets, preprocess
-    from omni_rl.rollout.hf import SamplingParams
+def prepare_on_every_rank(
+    name: str, data: str | Path, out: Path, overrides: dict[str, Any] | None = None, limit: int = 0
+) -> Prepared:
+    """``prepare`` under torchrun: rank 0 writes the rows file, the other ranks read the
+    same rows from it."""
+    main = distributed.ranks().is_main
+    if main:
+        prepared = prepare(name, data, out, overrides, limit=limit)
+    distributed.barrier()
+    if not main:
+        prepared = prepare(name, data, out, overrides, write=False, limit=limit)
+    return prepared
 
-    protocol, where = prepared.protocol, ranks()
-    media = MediaConfig(**protocol.media(family), media_root=str(prepared.root))
+
+def media_dataset(
+    prepared: Prepared, family: str, cache: str | None = None, progress: bool = True
+) -> tuple[MediaDataset, MediaConfig]:
+    """The usable rows of ``prepared`` as a ``MediaDataset`` decoding with the protocol's
+    media settings for ``family`` (the rows' prompt is the preset's), and those
+    settings. With ``cache``, rank 0 first preprocesses the rows' media into it
+    (entries already there are kept), as for training, so every evaluation reads them
+    decoded."""
+    media = MediaConfig(**prepared.protocol.media(family), media_root=str(prepared.root))
     budgets = Budgets.from_config(media)
-    if cache is not None and where.is_main:
+    if cache is not None and distributed.ranks().is_main:
         preprocess(prepared.rows_file, cache, budgets, progress=progress)
-    barrier()
+    distributed.barrier()
     dataset = MediaDataset(prepared.rows_file, budgets, cache=cache, prompt_template="{benchmark_prompt}")
     dataset.rows = [r for r in dataset.rows if r.id in prepared.rows]
-    sampling = SamplingParams(temperature=protocol.temperature, max_new_tokens=protocol.max_new_tokens)
-    mine = list(range(where.rank, len(dataset), where.world_size))
-    answered, failures = generate_answers(
-        model, processor, dataset, sampling, protocol.samples, mine, progress=progress
-    )
-    answered = gather_objects([(sample.id, texts) for sample, texts in answered])
-    used = {"settings": dataclasses.asdict(media), **sum_counts(dataset.cache_metrics())}
-    return dict(answered), gather_objects(failures), used
+    return dataset, media
 
 
 def read_predictions(path: str | Path) -> dict[str, list[str]]:
@@ -126,25 +130,6 @@ def read_predictions(path: str | Path) -> dict[str, list[str]]:
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise OmniRLError(f'{path}:{number}: expected {{"id": ..., "response": ...}} ({err})') from None
     return out
-
-
-def score(prepared: Prepared, answers: dict[str, list[str]]) -> list[Scored]:
-    """Each answered row scored by the protocol's parser: the best of its responses."""
-    benchmark, ids = prepared.benchmark, [i for i in prepared.rows if i in answers]
-    flat = [(row_id, text) for row_id in ids for text in answers[row_id]]
-    rows = [prepared.rows[row_id] for row_id, _ in flat]
-    results = score_batch(
-        [r["problem_type"] for r in rows],
-        [text for _, text in flat],
-        [Target(r["answer"], r.get("options"), r) for r in rows],
-    )
-    best: dict[str, Scored] = {}
-    for (row_id, _), row, result in zip(flat, rows, results, strict=True):
-        parsed = result.details.get("predicted")
-        value = benchmark.score(row, parsed, result.accuracy) if benchmark.score else result.accuracy
-        if row_id not in best or value > best[row_id].score:
-            best[row_id] = Scored(row, value, parsed, answers[row_id])
-    return [best[row_id] for row_id in ids]
 
 
 def results(prepared: Prepared, scored: list[Scored], failures: list[RowFailure], config: dict) -> dict:
@@ -215,22 +200,9 @@ def sample_records(scored: list[Scored], metric: str) -> list[dict]:
 def write(out: Path, summary: dict, scored: list[Scored], metric: str) -> Path:
     """``out/results.json`` and ``out/samples_<task>.jsonl``; returns the results path."""
     name = next(iter(summary["results"]))
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     path.write_text(json.dumps(summary, indent=2, default=str))
     lines = [json.dumps(r, ensure_ascii=False, default=str) for r in sample_records(scored, metric)]
     (out / f"samples_{name}.jsonl").write_text("".join(line + "\n" for line in lines))
     return path
-
-
-def table(summary: dict) -> str:
-    """The aggregate scores, one per line, and how many rows they cover."""
-    name, scores = next(iter(summary["results"].items()))
-    counts = summary["n-samples"][name]
-    follows = summary["configs"][name]["follows"]
-    lines = [
-        f"{name}: {counts['effective']} of {counts['original']} rows scored ({summary['skipped']['count']} skipped)",
-        f"  protocol {follows['variant']}: follows {follows['follows']}"
-        + ("" if follows["same_denominator"] else f" (its denominator is metric {follows['metric']})"),
-    ]
-    lines += [f"  {key.removesuffix(',none'):<48}{value:>10.3f}" for key, value in scores.items() if key != "alias"]
-    return "\n".join(lines)
