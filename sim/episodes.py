@@ -118,7 +118,7 @@ def run_chunk(
 
 
 @dataclass
-class Rollout:
+class ChunkBuffer:
     """T chunks of N envs, h executed actions each, on the policy's device.
 
     obs [T, N, O]; chain [T, N, K+1, H, D]; stochastic [T, N, K]; logp [T, N, H, D];
@@ -150,11 +150,11 @@ def collect(policy, env, envs: EnvShare, obs: torch.Tensor, chunks: int, generat
     """``chunks`` chunks in each of this process's envs from ``obs`` (what the env's
     seeded reset returned, see :func:`episode_seeds`); the iteration's noise is drawn
     for every global env from ``generator`` (in the same state on every process) and
-    moved to ``device`` once. Returns the :class:`Rollout` (on ``device``) and the
+    moved to ``device`` once. Returns the :class:`ChunkBuffer` (on ``device``) and the
     :class:`EpisodeTotals` of the episodes that ended."""
     noise = policy.noise(chunks * envs.total, generator).view(chunks, envs.total)[:, envs.rows].to(device)
     obs = obs.float().to(device)
-    steps: dict[str, list] = {k: [] for k in Rollout.__dataclass_fields__}
+    steps: dict[str, list] = {k: [] for k in ChunkBuffer.__dataclass_fields__}
     totals = EpisodeTotals(env.num_envs, env.device)
     ended = torch.zeros(env.num_envs, dtype=torch.bool, device=device)
     for c in range(chunks):
@@ -179,7 +179,7 @@ def collect(policy, env, envs: EnvShare, obs: torch.Tensor, chunks: int, generat
         obs = outcome.next_obs.to(device)
     # the rollout's last chunk is cut by the iteration's end where no episode ended there
     steps["done"][-1] = torch.ones(env.num_envs, dtype=torch.bool, device=device)
-    return Rollout(**{k: torch.stack(v) for k, v in steps.items()}), totals
+    return ChunkBuffer(**{k: torch.stack(v) for k, v in steps.items()}), totals
 
 
 @torch.no_grad()

@@ -60,9 +60,9 @@ from omni_rl.recipes.common import (
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 from omni_rl.sim import make_vec_env
 from omni_rl.sim.episodes import (
+    ChunkBuffer,
     EnvShare,
     EpisodeTotals,
-    Rollout,
     binomial_interval,
     collect,
     episode_metrics,
@@ -288,7 +288,7 @@ def noise_level_at(step: int, cfg: FlowPPOConfig) -> float:
 # ------------------------------------------------------------------------------ ADVANTAGE
 
 
-def advantages(rollout: Rollout, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def advantages(rollout: ChunkBuffer, cfg: FlowPPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, N] advantages and value targets (per env: this process's envs suffice)."""
     p = cfg.ppo
     if not p.critic_free:
@@ -317,7 +317,7 @@ def value_clip(returns: torch.Tensor, cfg: FlowPPOConfig) -> float | None:
     return p.value_clip * max(std, 1e-6)
 
 
-def minibatches(rollout: Rollout, envs: EnvShare, cfg: FlowPPOConfig, stream: torch.Generator):
+def minibatches(rollout: ChunkBuffer, envs: EnvShare, cfg: FlowPPOConfig, stream: torch.Generator):
     """One epoch's global mini-batches: a permutation (from ``stream``) of the valid
     chunks of every process (global index ``t * total + env``), cut in
     ``ppo.minibatches``. Yields (global size, this process's members as local indices
@@ -407,7 +407,7 @@ def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
 
 def update(
     engine: TrainingEngine,
-    rollout: Rollout,
+    rollout: ChunkBuffer,
     adv,
     returns,
     cfg: FlowPPOConfig,
