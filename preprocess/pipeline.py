@@ -12,7 +12,7 @@ import os
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -120,8 +120,8 @@ def row_media(row: Row, data_root: Path, budgets: Budgets) -> list[tuple[str, Pa
     """(kind, resolved path) of every medium of a row, in row order."""
     media_root = Path(budgets.media_root) if budgets.media_root else None
     out = []
-    for field, kind in KINDS.items():
-        for path in getattr(row, field):
+    for name, kind in KINDS.items():
+        for path in getattr(row, name):
             resolved = resolve_media_path(path, data_root, media_root)
             out.append((kind, resolved))
             if kind == "video" and (budgets.use_audio_in_video or row.fields.get("use_audio_in_video")):
@@ -216,6 +216,8 @@ class PreprocessReport:
     failures_by_reason: dict[str, int]
     bytes_written: int
     seconds: float
+    failures: list[RowFailure] = field(default_factory=list, repr=False)
+    """The rows that could not be cached (what ``failures.jsonl`` lists)."""
 
     def table(self) -> str:
         lines = [
@@ -246,9 +248,19 @@ def preprocess(
     progress: bool = True,
     columns: dict[str, str] | None = None,
     strict: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> PreprocessReport:
     """Cache every row of ``data``; failures go to ``CACHE/failures.jsonl``, the rows'
     entry keys to the cache index (see ``omni_rl.preprocess.index``).
+
+    ``shard=(k, n)``: cache only share ``k`` of ``n``, for ``n`` processes preprocessing
+    one dataset together (torchrun ranks). Rows that share their first medium fall in
+    one share, so that two processes rarely decode (and write) the same entry. Entries
+    are content-keyed and renamed into place, and the index and the manifest are merged
+    under the cache's lock, so the shares do not collide; but a share neither removes
+    stale temporary files (a live writer on another node looks dead from here) nor
+    writes ``failures.jsonl`` (it sees only its own): the caller does both, the latter
+    from every share's ``report.failures``.
 
     Resumable: entries already present are skipped, and files unchanged since the last
     run (same size and mtime) are not hashed again, so a rerun does only what is
@@ -266,21 +278,30 @@ def preprocess(
     data = Path(data)
     cache = MediaCache(cache_dir)
     cache.manifest()  # refuse a foreign cache before doing any work
-    cache.remove_stale_temps()
+    if shard is None:
+        cache.remove_stale_temps()
     rows, failures = read_rows(data, columns, strict)
     if limit is not None:
         rows = rows[:limit]
+    if shard is not None:
+        rows = _share(rows, data.parent, budgets, *shard)
+        failures = failures if shard[0] == 0 else []  # unreadable lines: every share reads them, one reports them
     workers = workers or os.cpu_count() or 1
     index = DatasetIndex(cache, data)
     jobs = [(row, data.parent, cache, budgets, index.rows.get(row.id)) for row in rows]
     outcomes: list[RowOutcome] = []
     with tqdm(total=len(jobs), desc="preprocess", unit="row", disable=not progress) as bar:
         if workers == 1:
+            import torch
+
+            threads = torch.get_num_threads()  # a training process's pinned threads, given back below
             _worker_init(1)
-            results = map(_cache_row_job, jobs)
-            for outcome in results:
-                outcomes.append(outcome)
-                bar.update()
+            try:
+                for outcome in map(_cache_row_job, jobs):
+                    outcomes.append(outcome)
+                    bar.update()
+            finally:
+                torch.set_num_threads(threads)
         else:
             with ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(1,)) as pool:
                 try:
@@ -292,7 +313,8 @@ def preprocess(
                     raise
     failures += [o.failure for o in outcomes if o.failure is not None]
     index.update({o.row_id: list(o.media) for o in outcomes if o.failure is None})
-    atomic_write_bytes(cache.root / "failures.jsonl", "".join(f.to_json() + "\n" for f in failures).encode())
+    if shard is None:
+        write_failures(cache, failures)
     cache.record_params(budgets.all_params())
     counts = Counter(o.status for o in outcomes)
     return PreprocessReport(
@@ -303,7 +325,27 @@ def preprocess(
         failures_by_reason=dict(Counter(_reason_class(f) for f in failures)),
         bytes_written=sum(o.bytes for o in outcomes),
         seconds=time.perf_counter() - started,
+        failures=failures,
     )
+
+
+def write_failures(cache: MediaCache, failures: list[RowFailure]) -> None:
+    """``CACHE/failures.jsonl``: the rows the last preprocess run could not cache."""
+    atomic_write_bytes(cache.root / "failures.jsonl", "".join(f.to_json() + "\n" for f in failures).encode())
+
+
+def _share(rows: list[Row], data_root: Path, budgets: Budgets, index: int, count: int) -> list[Row]:
+    """Share ``index`` of ``count`` of ``rows``: rows grouped by their first medium (a
+    benchmark asks several questions of one video), groups dealt round-robin in order
+    of first appearance, so every process computes the same split."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        try:
+            media = row_media(row, data_root, budgets)
+        except OmniRLError:  # a path escaping its root: the row fails alone, in some share
+            media = []
+        groups.setdefault(str(media[0][1]) if media else f"row:{row.id}:{row.source}", []).append(row)
+    return [row for i, group in enumerate(groups.values()) if i % count == index for row in group]
 
 
 def referenced_keys(data: str | Path, budgets: Budgets, cache: MediaCache) -> set[str]:
@@ -329,4 +371,4 @@ def referenced_keys(data: str | Path, budgets: Budgets, cache: MediaCache) -> se
 
 
 def summary_json(report: PreprocessReport) -> str:
-    return json.dumps(asdict(report), indent=2)
+    return json.dumps({k: v for k, v in asdict(report).items() if k != "failures"}, indent=2)

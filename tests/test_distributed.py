@@ -3,8 +3,10 @@ launched by torchrun as users launch it, against one process with the same globa
 
 Each rank owns whole prompt groups, samples them with per-prompt seeds, divides its
 losses by the global token count and steps through the engine; the exported weights
-after a few steps must match one process's within 1e-5. A 2-process run killed with
-SIGKILL and resumed continues with exactly the uninterrupted run's metrics.
+after a few steps must match one process's within 1e-5, also when one rank's batches
+hold a video (or audio) and the other's none (FSDP2's dummy encoder passes). A
+2-process run killed with SIGKILL and resumed continues with exactly the
+uninterrupted run's metrics.
 """
 
 from __future__ import annotations
@@ -247,7 +249,8 @@ def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
 
 
 LOCKSTEP_ON_RANKS = """
-import json
+import json, sys
+from pathlib import Path
 from omni_rl.engine import distributed
 
 ranks = distributed.init("cpu")
@@ -259,7 +262,8 @@ try:
     refused = False
 except ValueError:
     refused = True
-print(json.dumps({"rank": ranks.rank, "padded": padded, "empty": empty, "refused": refused}))
+result = {"padded": padded, "empty": empty, "refused": refused}
+Path(sys.argv[1], f"rank{ranks.rank}.json").write_text(json.dumps(result))  # one file a rank: no interleaved prints
 distributed.shutdown()
 """
 
@@ -271,9 +275,9 @@ def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_pat
     script = tmp_path / "lockstep.py"
     script.write_text(LOCKSTEP_ON_RANKS)
     command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run([*command, str(script)], env=ENV, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = {r["rank"]: r for r in map(json.loads, [x for x in done.stdout.splitlines() if x.startswith("{")])}
+    got = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     assert got[0]["padded"] == [["a", True], ["b", True], ["c", True]]
     assert got[1]["padded"] == [["d", True], ["d", False], ["d", False]]
     assert got[0]["empty"] == [["x", True], ["y", True]]
@@ -297,3 +301,168 @@ def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shape
     )
     assert done.returncode != 0
     assert "written by 1 process(es), resumed with 2" in done.stderr
+
+
+def _alternating(data: Path, name: str) -> Path:
+    """``data``'s rows in an unshuffled order that alternates a row with its video and
+    one without: at 2 prompts a step on 2 ranks, rank 0 draws every video row and
+    rank 1 only text (``draw_rows`` hands each rank its slice of each draw)."""
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    mixed = [row if i % 2 == 0 else {k: v for k, v in row.items() if k != "videos"} for i, row in enumerate(rows)]
+    out = data.with_name(name)
+    out.write_text("".join(json.dumps(row) + "\n" for row in mixed))
+    return out
+
+
+@pytest.fixture(scope="module")
+def half_videos(vowels):
+    """The vowel questions (GRPO), half of them without their video."""
+    return _alternating(vowels, "half_videos.jsonl")
+
+
+def _mixed_config(root: Path, data: Path, strategy: str, **sections) -> Path:
+    """``grpo_config`` with the rows visited in file order."""
+    config = grpo_config(root, data, strategy, **sections)
+    raw = yaml.safe_load(config.read_text())
+    raw["data"]["shuffle"] = False
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+def _launch_within(config: Path, processes: int, seconds: int):
+    """``launch`` under a hard limit: a run whose ranks fall out of step (a collective
+    that one rank waits on forever) fails here instead of hanging the suite."""
+    command = [
+        TORCHRUN,
+        f"--nproc-per-node={processes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{_port()}",
+        "-m",
+        "omni_rl",
+        "train",
+        str(config),
+    ]
+    process = subprocess.Popen(
+        command, env=ENV, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, stderr = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        pytest.fail(f"the 2-process run did not finish within {seconds} s:\n{stderr[-3000:]}")
+    assert process.returncode == 0, stderr[-3000:]
+    return stderr
+
+
+MICRO = {"trainer": {"micro_batch_size": 1}}
+
+
+@pytest.fixture(scope="module")
+def half_videos_single(tmp_path_factory, half_videos):
+    # micro-batches of one prompt in one process too: a batch of a video prompt and a
+    # text prompt left-pads the text by the video's tokens, whose rounding Adam amplifies
+    root = tmp_path_factory.mktemp("half_videos_single")
+    launch(_mixed_config(root, half_videos, "single", **MICRO), 1)
+    return root / "run"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_video_on_one_rank_and_text_on_the_other_equals_one_process(
+    tmp_path, half_videos, half_videos_single, strategy
+):
+    """Rank 0's micro-batches all hold a video and rank 1's none. Under FSDP2 each
+    vision block is its own sharded unit, so rank 1 runs a zero-weight dummy video
+    through them in every prompt forward (rollout prefill, old log-probs, the gradient
+    forward) to keep all-gathers and reduce-scatters in step, and the run counts those
+    passes; DDP finds the unused vision parameters itself. Either way the result is
+    one process's within 1e-5, under a hard time limit (out of step, gloo aborts or
+    NCCL hangs)."""
+    _launch_within(_mixed_config(tmp_path, half_videos, strategy, **MICRO), 2, 300)
+    one, two = half_videos_single, tmp_path / "run"
+    start = initial_weights(one)
+    visual = [k for k in start if "visual" in k]
+    assert visual and max(float((weights(one, 3)[k] - start[k]).abs().max()) for k in visual) > 1e-4  # video trains
+    assert_same_weights(weights(one, 3), weights(two, 3))
+    rows = metrics(two)
+    if strategy == "fsdp":  # rank 1's rollout prefill, old log-probs and gradient forward: 2 epochs of 1 micro-batch
+        assert [r["update/dummy_encoder_passes"] for r in rows] == [4, 4, 4]
+    else:
+        assert all("update/dummy_encoder_passes" not in r for r in rows)
+    for a, b in zip(metrics(one), rows, strict=True):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+
+
+def test_sft_with_video_on_one_rank_and_text_on_the_other_equals_one_process(tmp_path, shapes):
+    """SFT's forward takes whole prompts too: rank 1's text rows run the dummy video."""
+    data = _alternating(shapes, "half_videos_sft.jsonl")
+    runs = {}
+    for processes, strategy in ((1, "single"), (2, "fsdp")):
+        config = _mixed_config(tmp_path / strategy, data, strategy)
+        raw = yaml.safe_load(config.read_text())
+        del raw["rollout"], raw["algorithm"], raw["rewards"]
+        raw["recipe"] = "sft"
+        raw["trainer"].update(steps=3, save_every=0, micro_batch_size=1)
+        config.write_text(yaml.safe_dump(raw))
+        if processes == 1:
+            launch(config, 1)
+        else:
+            _launch_within(config, 2, 300)
+        runs[strategy] = tmp_path / strategy / "run"
+    assert_same_weights(weights(runs["single"], 3), weights(runs["fsdp"], 3))
+    assert [r["update/dummy_encoder_passes"] for r in metrics(runs["fsdp"])] == [1, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def audio_or_image(tmp_path_factory):
+    """Omni rows that alternate an audio clip and an image: unshuffled, at 2 prompts a
+    step on 2 ranks, rank 0 draws every audio row and rank 1 every image row."""
+    import numpy as np
+
+    from omni_rl.preprocess.sounds import write_audio_qa
+    from omni_rl.preprocess.synthetic import write_image
+
+    data = write_audio_qa(tmp_path_factory.mktemp("audio_or_image"), 4, seed=0)
+    rows = []
+    for i, row in enumerate(json.loads(line) for line in data.read_text().splitlines()):
+        image = f"media/image_{i}.png"
+        write_image(data.parent / image, np.random.default_rng(i).integers(0, 255, (56, 84, 3), dtype=np.uint8))
+        rows.append({**row, "problem_type": "vowel_share"})
+        rows.append({**row, "id": f"{row['id']}-image", "problem_type": "vowel_share", "audios": [], "images": [image]})
+    for row in rows:
+        if not row["audios"]:
+            del row["audios"]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+def test_omni_with_audio_on_one_rank_and_images_on_the_other_equals_one_process(tmp_path, audio_or_image):
+    """An Omni thinker has two sharded encoders, run audio first: rank 0 (audio) runs a
+    dummy image through the vision blocks after its audio, rank 1 (images) a dummy
+    clip through the audio blocks before its images, so both ranks call the encoders
+    in the same order; with a KL reference too (frozen: resharded after every forward,
+    so gathered again in each)."""
+    sections = {
+        "model": {"tiny_family": "qwen2_5_omni_thinker", "tiny_audio_seconds": 2},
+        "media": {"family": "qwen2_5_omni_thinker", "max_audio_seconds": 2.0},
+        "algorithm": {"kl_coef": 0.04},
+        "trainer": {"steps": 2, "micro_batch_size": 1},
+    }
+    runs = {}
+    for processes, strategy in ((1, "single"), (2, "fsdp")):
+        config = _mixed_config(tmp_path / strategy, audio_or_image, strategy, **sections)
+        if processes == 1:
+            launch(config, 1)
+        else:
+            _launch_within(config, 2, 300)
+        runs[strategy] = tmp_path / strategy / "run"
+    one, two = runs["single"], runs["fsdp"]
+    start = initial_weights(one)
+    for part in ("visual", "audio_tower"):  # both encoders trained
+        assert max(float((weights(one, 2)[k] - start[k]).abs().max()) for k in start if part in k) > 1e-4, part
+    assert_same_weights(weights(one, 2), weights(two, 2))
+    assert all(r["update/dummy_encoder_passes"] > 0 for r in metrics(two))
+    for a, b in zip(metrics(one), metrics(two), strict=True):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)

@@ -65,6 +65,9 @@ class TrainerConfig(ModeDefaults):
     are set; an item longer than the budget runs alone. 0: off."""
     max_bad_steps: int = 3
     """Stop the run after this many optimizer steps in a row had non-finite gradients."""
+    dist_timeout_minutes: float = 30.0
+    """How long a rank waits at a collective (barrier, all-gather) under torchrun before
+    the run fails; covers rank 0's exports and checkpoint writes (torch's NCCL default: 10)."""
 
     def __post_init__(self):
         require(self.steps >= 1, "steps", "must be >= 1")
@@ -85,6 +88,7 @@ class TrainerConfig(ModeDefaults):
         require(self.micro_batch_size >= 0, "micro_batch_size", "must be >= 0")
         require(self.max_tokens_per_microbatch >= 0, "max_tokens_per_microbatch", "must be >= 0")
         require(self.max_bad_steps >= 1, "max_bad_steps", "must be >= 1")
+        require(self.dist_timeout_minutes > 0, "dist_timeout_minutes", "must be > 0")
 
 
 OPTIMIZERS: Registry[type] = Registry("optimizer")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 import torch
@@ -35,8 +36,15 @@ class Ranks:
         return self.world_size > 1
 
 
-def init(device_type: str) -> Ranks:
-    """Join the process group torchrun describes (idempotent); one process without it."""
+def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
+    """Join the process group torchrun describes (idempotent); one process without it.
+
+    Args:
+        device_type: "cuda" (NCCL, one GPU per local rank) or another (gloo).
+        timeout_minutes: how long a collective waits for every rank before failing
+            (``trainer.dist_timeout_minutes``); the work one rank does alone while the
+            others wait (an export, a checkpoint's fsync) must fit in it.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Ranks()
@@ -44,7 +52,8 @@ def init(device_type: str) -> Ranks:
     if not dist.is_initialized():
         if device_type == "cuda":
             torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
     return Ranks(dist.get_rank(), dist.get_world_size(), local)
 
 

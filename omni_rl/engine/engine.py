@@ -4,8 +4,11 @@ A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batc
 ``engine.step()`` once per optimizer step. The engine owns:
 
 - wrapping: FSDP2 (``fully_shard`` on every decoder layer and vision/audio encoder
-  block, found through the model's ``_no_split_modules``, then on the root), DDP, or
-  one plain process;
+  block, found through the model's ``_no_split_modules``, then on the root; with
+  several processes every rank runs every encoder in every prompt forward, a
+  zero-weight dummy where its batch lacks that medium: ``omni_rl.engine.encoders``),
+  DDP (``find_unused_parameters``: an encoder a batch does not use gets no gradient),
+  or one plain process;
 - precision: fp32, or bf16-mixed (fp32 master weights and optimizer state, bf16
   compute, fp32 gradient reduction: FSDP2's MixedPrecisionPolicy, autocast otherwise),
   or an explicit pure bf16; ``forward_context`` gives calls that bypass the forward
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from omni_rl.engine import distributed
+from omni_rl.engine import distributed, encoders
 from omni_rl.engine.config import OptimizerConfig, TrainerConfig
 from omni_rl.errors import OmniRLError
 
@@ -228,6 +231,7 @@ class TrainingEngine:
         return self.precision == "bf16-mixed"
 
     def _wrap(self, model: nn.Module) -> nn.Module:
+        self.encoder_locksteps: list = []
         if self.strategy == "fsdp":
             self._fully_shard(model)
             return model
@@ -253,10 +257,17 @@ class TrainingEngine:
         policy = MixedPrecisionPolicy()
         if self._mixed():
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for unit in [*shard_units(model), model]:
+        # innermost first: some models name a whole encoder beside its blocks (Omni's
+        # audio and vision encoders, Qwen2-Audio's encoder layer beside its attention),
+        # and FSDP2 shards an outer unit only around inner ones already sharded
+        for unit in [*reversed(shard_units(model)), model]:
             fully_shard(unit, mp_policy=policy, reshard_after_forward=not trainable)
             if trainable:
                 unit.set_reshard_after_backward(False)
+        if self.ranks.distributed:  # every rank runs every encoder block (omni_rl.engine.encoders)
+            hooks = encoders.install(model)
+            if hooks is not None:
+                self.encoder_locksteps.append(hooks)
 
     def wrap_frozen(self, model: nn.Module) -> nn.Module:
         """A frozen model (the KL reference) sharded and cast like the policy, so it
@@ -325,21 +336,36 @@ class TrainingEngine:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.strategy == "fsdp":  # free the gathered weights until the next forward
-            for module in self.module.modules():
-                if hasattr(module, "reshard"):
-                    module.reshard()
+        self.reshard()  # free the gathered weights until the next forward
         return StepResult(grad_norm, skipped, lr, group_norms)
+
+    def reshard(self) -> None:
+        """Free the gathered weights that forwards left resident: a trainable model's
+        blocks keep theirs until ``step`` (see ``_fully_shard``), so a forward outside
+        a training step (held-out evaluation) must call this, or the full weights stay
+        through the next rollout. A no-op in one process and under DDP."""
+        if self.strategy != "fsdp":
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.module.modules():
+            if isinstance(module, FSDPModule):  # reshard() is not recursive
+                module.reshard()
 
     def metrics(self) -> dict:
         """Run-level counters for the metrics log (and this GPU's peak memory so far):
         skipped non-finite steps, the steps the schedule has taken (skipped ones
-        included) and the rate it gives the next step."""
+        included) and the rate it gives the next step; under FSDP2 on several
+        processes, the zero-weight dummy encoder passes since the last call over every
+        rank (``omni_rl.engine.encoders``: then every rank must call this together)."""
         row = {
             "optim/skipped_nonfinite": self.skipped_steps,
             "optim/schedule_step": self.scheduler.last_epoch,
             "optim/lr": self.scheduler.get_last_lr()[0],
         }
+        if self.encoder_locksteps:  # FSDP2 on several processes with media encoders
+            (passes,) = distributed.all_sum([float(sum(h.take_count() for h in self.encoder_locksteps))])
+            row["update/dummy_encoder_passes"] = int(passes)
         if self.device.type == "cuda":
             row["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return row

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ from omni_rl.benchmarks.base import BENCHMARKS, Benchmark, Protocol, Reading, Sc
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError, RowFailure
+from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.config import MediaConfig
-from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.pipeline import Budgets, preprocess, write_failures
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.rewards import check_targets
 
@@ -101,17 +103,45 @@ def media_dataset(
 ) -> tuple[MediaDataset, MediaConfig]:
     """The usable rows of ``prepared`` as a ``MediaDataset`` decoding with the protocol's
     media settings for ``family`` (the rows' prompt is the preset's), and those
-    settings. With ``cache``, rank 0 first preprocesses the rows' media into it
-    (entries already there are kept), as for training, so every evaluation reads them
-    decoded."""
+    settings. With ``cache``, the rows' media are first preprocessed into it (entries
+    already there are kept), as for training, so every evaluation reads them decoded;
+    under torchrun each rank preprocesses its share of the rows (see ``preprocess_shared``)."""
     media = MediaConfig(**prepared.protocol.media(family), media_root=str(prepared.root))
     budgets = Budgets.from_config(media)
-    if cache is not None and distributed.ranks().is_main:
-        preprocess(prepared.rows_file, cache, budgets, progress=progress)
-    distributed.barrier()
+    if cache is not None:
+        preprocess_shared(prepared.rows_file, cache, budgets, progress)
     dataset = MediaDataset(prepared.rows_file, budgets, cache=cache, prompt_template="{benchmark_prompt}")
     dataset.rows = [r for r in dataset.rows if r.id in prepared.rows]
     return dataset, media
+
+
+def preprocess_shared(rows_file: Path, cache: str, budgets: Budgets, progress: bool = True) -> None:
+    """Preprocess ``rows_file`` into ``cache``, every rank its share of the rows (every
+    rank calls this; one process does it all).
+
+    Shared rather than done by rank 0 alone: the run's process group exists by now (a
+    held-out set is loaded after ``start_run``), and a benchmark's videos can take
+    longer to decode than ``trainer.dist_timeout_minutes``, which the other ranks would
+    spend at the barrier. Preprocessing before the group is joined would need ranks to
+    wait for rank 0 without a collective. Each rank decodes 1/N of the rows on
+    1/N of its node's CPUs; concurrent writers are safe (see ``preprocess``'s ``shard``)."""
+    ranks = distributed.ranks()
+    if not ranks.distributed:
+        preprocess(rows_file, cache, budgets, progress=progress)
+        return
+    store = MediaCache(cache)
+    store.manifest()  # a foreign cache: every rank raises here, none is left at the barrier
+    if ranks.is_main:
+        store.remove_stale_temps()  # before any share writes: no temporary file is live yet
+    distributed.barrier()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    workers = max(1, (os.cpu_count() or 1) // per_node)
+    shard = (ranks.rank, ranks.world_size)
+    report = preprocess(rows_file, cache, budgets, workers, progress=progress and ranks.is_main, shard=shard)
+    failures = distributed.gather_objects(report.failures)
+    if ranks.is_main:
+        write_failures(store, failures)
+    distributed.barrier()  # failures.jsonl written before any rank's dataset reads it
 
 
 def read_predictions(path: str | Path) -> dict[str, list[str]]:

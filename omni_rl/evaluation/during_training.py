@@ -92,12 +92,16 @@ class HeldOut:
     def add_to(self, row: dict, engine, processor) -> bool:
         """When due at ``row["step"]``, evaluate every set into ``row`` (with the time
         it took) and keep the best model; returns whether it ran (the row is then
-        logged whatever ``trainer.log_every`` says)."""
+        logged whatever ``trainer.log_every`` says). Under FSDP2 the weights the
+        evaluation gathered are freed before the best model's export (whose state dict
+        leaves the modules sharded: FSDP2 reshards before every ``state_dict``), so the
+        next rollout starts from sharded weights."""
         step = row["step"]
         if not self.due(step):
             return False
         start = time.perf_counter()
         row |= self(engine.module, processor, step)
+        engine.reshard()  # blocks keep gathered weights after a forward until step(): free them now
         row["time/eval"] = time.perf_counter() - start
         self.keep_best(row, step, engine, processor)
         return True

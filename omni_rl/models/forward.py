@@ -230,7 +230,7 @@ class _ChunkedHead(torch.autograd.Function):
             h, g = hidden[s : s + per_chunk], grad_out[s : s + per_chunk].float()
             logits = _logits(h, w, bias, compute, temperature)
             p = torch.softmax(logits, dim=-1)
-            grad = -p * g[:, :1]
+            grad = p * -g[:, :1]  # the same numbers as -p * g, without a [M, V] -p
             grad.scatter_add_(-1, ids[s : s + per_chunk, None], g[:, :1])
             if ctx.with_entropy:
                 expected = (p * logits).sum(-1, keepdim=True)
@@ -242,6 +242,8 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_weight.addmm_(grad.t(), h.float())
             if grad_bias is not None:
                 grad_bias += grad.sum(0)
+            # else the next chunk's [M, V] tensors are built while these are still named
+            del logits, p, grad
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:

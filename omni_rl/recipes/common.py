@@ -39,7 +39,7 @@ def start_run(cfg, resume: str | None) -> Run:
     complete one, passing over damaged ones with a line each; or a path). A damaged
     checkpoint, or one written by another process count, is refused here."""
     device = resolve_device(cfg.run.device)
-    ranks = distributed.init(device.type)
+    ranks = distributed.init(device.type, cfg.trainer.dist_timeout_minutes)
     if device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     out = Path(cfg.run.output_dir)
