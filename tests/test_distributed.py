@@ -57,22 +57,16 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun(processes: int, config: Path) -> list[str]:
+    """``torchrun -m omni_rl train CONFIG`` on ``processes`` local processes, as users launch it."""
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    return [TORCHRUN, f"--nproc-per-node={processes}", *rendezvous, "-m", "omni_rl", "train", str(config)]
+
+
 def launch(config: Path, processes: int, *extra: str, wait: bool = True):
     """``python -m omni_rl train`` in one process, or torchrun with ``processes``."""
-    if processes == 1:
-        command = [PYTHON, "-m", "omni_rl", "train", str(config), *extra]
-    else:
-        command = [
-            TORCHRUN,
-            f"--nproc-per-node={processes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{_port()}",
-            "-m",
-            "omni_rl",
-            "train",
-            str(config),
-            *extra,
-        ]
+    single = [PYTHON, "-m", "omni_rl", "train", str(config)]
+    command = [*(single if processes == 1 else _torchrun(processes, config)), *extra]
     if not wait:
         return subprocess.Popen(
             command, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -332,16 +326,7 @@ def _mixed_config(root: Path, data: Path, strategy: str, **sections) -> Path:
 def _launch_within(config: Path, processes: int, seconds: int):
     """``launch`` under a hard limit: a run whose ranks fall out of step (a collective
     that one rank waits on forever) fails here instead of hanging the suite."""
-    command = [
-        TORCHRUN,
-        f"--nproc-per-node={processes}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{_port()}",
-        "-m",
-        "omni_rl",
-        "train",
-        str(config),
-    ]
+    command = _torchrun(processes, config)
     process = subprocess.Popen(
         command, env=ENV, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
