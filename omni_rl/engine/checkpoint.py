@@ -1,7 +1,9 @@
 """Checkpoints: sharded training state plus a Hugging Face export, written atomically.
 
 Layout: ``OUTPUT_DIR/checkpoints/step-00000010/``
-    model/            full weights, ``save_pretrained`` (transformers, peft and vLLM load it)
+    model/            full weights in the source checkpoint's dtype, safetensors files of
+                      about 5 GiB with an index when several, config.json naming the dtype
+                      (transformers, peft and vLLM load it; see ``export_model``)
     sharded/          trainable weights and optimizer state as torch.distributed.checkpoint
                       safetensors shards: each rank writes its own part (FSDP2 shards,
                       or whole tensors once under DDP / one process)
@@ -132,27 +134,43 @@ def restore_interrupted(directory: str | Path) -> None:
         os.replace(_aside(directory), directory)
 
 
-def export_model(engine: TrainingEngine, directory: Path, processor=None) -> None:
-    """The full weights as a Hugging Face directory (gathered on rank 0, which writes).
-    Written under a temporary name beside ``directory`` and renamed into place, so a
-    run killed or stopped mid-export keeps the previous export whole; a full disk
-    raises ``DiskFull``."""
-    full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if engine.ranks.is_main:
-        from omni_rl.models.omni import write_export_note  # transformers: VLM recipes only
+def export_model(engine: TrainingEngine, directory: Path, processor=None, shard_bytes: int | None = None) -> None:
+    """The full weights as a Hugging Face directory (every rank calls this; rank 0 writes).
 
-        directory = Path(directory)
-        tmp = directory.with_name(f".{directory.name}.tmp")
+    A transformers model is written in the dtype of the checkpoint it was read from (bf16
+    for released checkpoints, fp32 for the tiny ones), gathered one tensor at a time and
+    written in safetensors files of about ``shard_bytes`` (default 5 GiB) with an index
+    when there are several (``omni_rl.models.weights.write_export``), so rank 0 never
+    holds a second model. A LoRA adapter or a flow policy is gathered whole and written
+    by its own ``save_pretrained``. Written under a temporary name beside ``directory``
+    and renamed into place, so a run killed or stopped mid-export keeps the previous
+    export whole; a full disk raises ``DiskFull``."""
+    from omni_rl.models import weights  # transformers: VLM recipes only
+    from omni_rl.models.omni import write_export_note
+
+    module, main = engine.module, engine.ranks.is_main
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    if main:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a killed export
-        try:
-            with stop_on_disk_full(directory, _nbytes(full.values())):
-                engine.module.save_pretrained(tmp, state_dict=full)
-                write_export_note(engine.module, tmp)
+    try:
+        if weights.writes_tensor_by_tensor(module):
+            with stop_on_disk_full(directory, weights.export_bytes(module)):
+                weights.write_export(module, tmp if main else None, shard_bytes or weights.EXPORT_SHARD_BYTES)
+        else:
+            full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if main:
+                with stop_on_disk_full(directory, _nbytes(full.values())):
+                    module.save_pretrained(tmp, state_dict=full)
+        if main:
+            with stop_on_disk_full(directory):
+                write_export_note(module, tmp)
                 if processor is not None:
                     processor.save_pretrained(tmp)
             _fsync_tree(tmp)
             _replace_dir(tmp, directory)
-        finally:
+    finally:
+        if main:
             shutil.rmtree(tmp, ignore_errors=True)
 
 

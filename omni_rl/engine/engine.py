@@ -4,7 +4,8 @@ A recipe computes a loss and calls ``engine.backward(loss)`` once per micro-batc
 ``engine.step()`` once per optimizer step. The engine owns:
 
 - wrapping: FSDP2 (``fully_shard`` on every decoder layer and vision/audio encoder
-  block, found through the model's ``_no_split_modules``, then on the root; with
+  block, found through the model's ``_no_split_modules``, then on the root; a model
+  built on the meta device is filled from rank 0's read once sharded; with
   several processes every rank runs every encoder in every prompt forward, a
   zero-weight dummy where its batch lacks that medium: ``omni_rl.engine.encoders``),
   DDP (``find_unused_parameters``: an encoder a batch does not use gets no gradient),
@@ -126,7 +127,9 @@ class TrainingEngine:
     """Wraps one trainable model and steps its optimizer.
 
     Args:
-        model: the model, on ``device``, in the dtype of ``load_dtype(precision)``.
+        model: the model, on ``device``, in the dtype of ``load_dtype(precision)``; under
+            FSDP2 on several processes it may be on the meta device
+            (``omni_rl.models.load(empty=True)``) and is filled once sharded.
         optimizer: the registered optimizer section.
         device: this rank's device.
         total_steps: optimizer steps of the whole run (for the schedule).
@@ -246,7 +249,9 @@ class TrainingEngine:
         return model
 
     def _fully_shard(self, model: nn.Module, trainable: bool = True) -> None:
-        """FSDP2 on every block, then the root. A trainable model keeps each block's
+        """FSDP2 on every block, then the root; a model that arrives on the meta device
+        (built empty: a node holds one copy of the weights, not one per rank) is filled
+        from rank 0's read once sharded. A trainable model keeps each block's
         gathered weights from its first forward until ``step``: the shared-prefix
         forward runs a block twice (prompt, then completions) and its backward reaches
         the prompt's pass through the KV cache, which FSDP2's backward hooks (on block
@@ -264,6 +269,11 @@ class TrainingEngine:
             fully_shard(unit, mp_policy=policy, reshard_after_forward=not trainable)
             if trainable:
                 unit.set_reshard_after_backward(False)
+        if any(p.device.type == "meta" for p in model.parameters()):
+            # built empty (omni_rl.models.load(empty=True)): rank 0 reads, every rank keeps its shards
+            from omni_rl.models import fill_sharded
+
+            fill_sharded(model, self.device)
         if self.ranks.distributed:  # every rank runs every encoder block (omni_rl.engine.encoders)
             hooks = encoders.install(model)
             if hooks is not None:

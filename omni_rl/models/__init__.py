@@ -1,7 +1,9 @@
 """Model families: one loader for tiny and released checkpoints, and tiny builders.
 
 ``load(path)`` reads ``model_type`` from the checkpoint's config.json, finds its family
-and returns ``(model, processor)``. ``build_tiny(family, out)`` writes a seeded,
+and returns ``(model, processor)``; ``load(path, empty=True)`` builds the model on the
+meta device instead, for FSDP2 to shard and ``fill_sharded`` to fill from rank 0's read
+(``omni_rl.models.weights``). ``build_tiny(family, out)`` writes a seeded,
 random-init checkpoint of at most 2 M parameters that plain transformers loads too.
 """
 
@@ -13,10 +15,11 @@ from pathlib import Path
 import torch
 
 from omni_rl.errors import OmniRLError
+from omni_rl.models import weights
 from omni_rl.models.families import FAMILIES, Family
 from omni_rl.models.tokenizer import build_tokenizer
 
-__all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "load", "placeholder_token_ids"]
+__all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "fill_sharded", "load", "placeholder_token_ids"]
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -51,31 +54,58 @@ def load(
     path: str | Path,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    empty: bool = False,
 ) -> tuple[torch.nn.Module, object]:
     """Load a local checkpoint (tiny or released) and its processor.
 
     Args:
         path: a directory written by ``save_pretrained`` (or a training run's
             directory, whose ``model/`` is loaded); nothing is downloaded.
-        device: where the model's parameters go.
+        device: where the model's parameters go (ignored when ``empty``).
         dtype: parameter dtype (bfloat16 on GPUs, float32 on CPUs).
+        empty: build the model on the meta device without reading its weights, for
+            FSDP2 on several processes: the engine shards it, then ``fill_sharded``
+            gives every rank its shards from rank 0's read (``omni_rl.models.weights``).
 
     Returns:
-        (model, processor), the model in eval mode.
+        (model, processor), the model in eval mode; ``model.omni_rl_stored`` names the
+        checkpoint and the dtype it stores (what exports are written in).
     """
-    from transformers import AutoProcessor
+    from transformers import AutoConfig, AutoProcessor
 
     from omni_rl.models import shared_prefix
 
     path = checkpoint_dir(path)
     family = family_of(path)
-    if family.loader is not None:
-        model = family.loader(path, dtype)
+    if not empty:
+        model = _read(path, family, dtype).to(device)
+    elif family.loader is not None:
+        model = family.loader(path, dtype, empty=True)
     else:
-        model = family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        model = weights.empty_model(family.model_cls(), config, dtype, path)
+    model.omni_rl_stored = weights.StoredWeights(path, weights.stored_dtype(path, default=dtype))
     shared_prefix.install(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return model.to(device).eval(), processor
+    return model.eval(), processor
+
+
+def fill_sharded(model: torch.nn.Module, device: torch.device) -> None:
+    """Give a model that ``load(empty=True)`` built, now sharded by FSDP2, its weights
+    (every rank calls this): rank 0 reads its checkpoint whole, in the dtype it stores,
+    and broadcasts it; every rank keeps its shards (``omni_rl.models.weights.fill``)."""
+    stored = model.omni_rl_stored
+    whole = None
+    if torch.distributed.get_rank() == 0:
+        whole = _read(stored.path, family_of(stored.path), stored.dtype)
+    weights.fill(model, whole, device)
+
+
+def _read(path: Path, family: Family, dtype: torch.dtype) -> torch.nn.Module:
+    """The whole model of the checkpoint at ``path``, read by its family's loader."""
+    if family.loader is not None:
+        return family.loader(path, dtype)
+    return family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
 
 
 def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64, audio_seconds: int = 30) -> Path:

@@ -37,8 +37,10 @@ class Family:
         tiny_config: ``(tokenizer, width) -> config`` for a random-init model whose
             decoder is ``width`` wide (a multiple of 32; 64 gives about 0.2 M params).
         tiny_processor: ``(tokenizer) -> processor`` with budgets sized for CPU tests.
-        loader: ``(path, dtype) -> model`` for checkpoints whose trained part is not the
-            whole model (a released Omni's thinker); None: ``model_class.from_pretrained``.
+        loader: ``(path, dtype, empty=False) -> model`` for checkpoints whose trained part
+            is not the whole model (a released Omni's thinker); ``empty``: built on the meta
+            device, nothing read. None: ``model_class.from_pretrained`` (or, empty,
+            ``omni_rl.models.weights.empty_model``).
     """
 
     name: str
@@ -389,10 +391,10 @@ def _omni_config(tok: Qwen2Tokenizer, width: int) -> PretrainedConfig:
 
 
 def _thinker_loader(thinker_class: str) -> Callable:
-    def load(path, dtype):
+    def load(path, dtype, empty=False):
         from omni_rl.models.omni import load_thinker
 
-        return load_thinker(path, dtype, getattr(transformers, thinker_class))
+        return load_thinker(path, dtype, getattr(transformers, thinker_class), empty)
 
     return load
 

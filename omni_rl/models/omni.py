@@ -73,21 +73,27 @@ def prompt_positions(rope_module: torch.nn.Module, inputs: dict, heard: torch.Te
     return torch.cat(positions, dim=1), torch.cat(deltas).to(ids.device)
 
 
-def load_thinker(path: str | Path, dtype: torch.dtype, thinker_class: type) -> torch.nn.Module:
+def load_thinker(path: str | Path, dtype: torch.dtype, thinker_class: type, empty: bool = False) -> torch.nn.Module:
     """The thinker (a ``thinker_class``) of a released Omni checkpoint, built alone:
-    the talker and its vocoder are neither built nor read."""
+    the talker and its vocoder are neither built nor read. ``empty``: built on the meta
+    device and nothing read (``omni_rl.models.weights.fill`` fills it once sharded)."""
     from transformers import AutoConfig
 
+    from omni_rl.models.weights import empty_model
+
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    renaming = {r"^thinker\.": ""}
-    model = thinker_class.from_pretrained(
-        path, config=config.thinker_config, key_mapping=renaming, dtype=dtype, local_files_only=True
-    )
-    # transformers reverts the renamings it loaded with when saving; the thinker saves
-    # as a thinker (no "thinker." prefix), so that one is forgotten
-    model._weight_conversions = [
-        c for c in model._weight_conversions if getattr(c, "source_patterns", None) != list(renaming)
-    ]
+    if empty:
+        model = empty_model(thinker_class, config.thinker_config, dtype, Path(path))
+    else:
+        renaming = {r"^thinker\.": ""}
+        model = thinker_class.from_pretrained(
+            path, config=config.thinker_config, key_mapping=renaming, dtype=dtype, local_files_only=True
+        )
+        # transformers reverts the renamings it loaded with when saving; the thinker saves
+        # as a thinker (no "thinker." prefix), so that one is forgotten
+        model._weight_conversions = [
+            c for c in model._weight_conversions if getattr(c, "source_patterns", None) != list(renaming)
+        ]
     model.omni_rl_source = str(Path(path).resolve())
     return model
 

@@ -5,6 +5,7 @@ files; optimizing goes through ``omni_rl.engine``."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -17,9 +18,11 @@ from tqdm import tqdm
 from omni_rl.config import save_config
 from omni_rl.engine import checkpoint, distributed
 from omni_rl.engine.distributed import Ranks
-from omni_rl.engine.engine import load_dtype, resolve_precision
+from omni_rl.engine.engine import load_dtype, resolve_precision, resolve_strategy
 from omni_rl.errors import OmniRLError
 from omni_rl.runtime import apply_run_settings, resolve_device, seed_everything
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -171,7 +174,15 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
             audio_seconds=cfg.model.tiny_audio_seconds,
         )
     distributed.barrier()
-    model, processor = load(base, device=run.device, dtype=load_dtype(precision))
+    # FSDP2 on several processes: built on the meta device, sharded by the engine, then
+    # filled from rank 0's read, so a node holds one copy of the weights, not one per rank
+    # (LoRA wraps the model before the engine shards it: its adapters need values first)
+    empty = resolve_strategy(cfg.trainer.strategy, run.ranks.world_size) == "fsdp" and run.ranks.distributed
+    empty = empty and cfg.model.lora is None
+    if run.ranks.is_main:
+        how = "built empty, filled from rank 0's read once sharded" if empty else "read whole by every process"
+        _log.info("loading %s on %d process(es): %s", base, run.ranks.world_size, how)
+    model, processor = load(base, device=run.device, dtype=load_dtype(precision), empty=empty)
     if cfg.model.freeze_vision_tower:
         for name, param in model.named_parameters():
             if "visual" in name:
@@ -197,7 +208,8 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     reference = None
     if with_reference and lora is None:
         # frozen: bf16 storage is enough wherever compute is bf16
-        reference, _ = load(base, device=run.device, dtype=torch.float32 if precision == "fp32" else torch.bfloat16)
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        reference, _ = load(base, device=run.device, dtype=dtype, empty=empty)
     model.train()
     return model, processor, reference
 
