@@ -10,9 +10,24 @@ os.environ.setdefault("OMNI_RL_THREADS", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from omni_rl.runtime import set_threads
+from omni_rl.runtime import AVX2_KERNELS, set_threads
 
 set_threads()
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_kernel_pins():
+    """A quickstart run in this process pins the CPU kernels of the processes it starts
+    through the environment; later tests start theirs as the session began."""
+    yield
+    for name in AVX2_KERNELS:
+        if name in _KERNEL_ENV:
+            os.environ[name] = _KERNEL_ENV[name]
+        else:
+            os.environ.pop(name, None)
+
+
+_KERNEL_ENV = {name: os.environ[name] for name in AVX2_KERNELS if name in os.environ}
 
 
 @pytest.fixture(scope="session")
