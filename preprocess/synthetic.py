@@ -31,16 +31,36 @@ def moving_square(
     return frames
 
 
+# BT.601 limited range, the matrix H.264 decoders assume for video without colour tags
+_YUV = np.array([[65.481, 128.553, 24.966], [-37.797, -74.203, 112.0], [112.0, -93.786, -18.214]]) / 255
+_YUV_OFFSET = np.array([16.0, 128.0, 128.0])
+
+
+def yuv420(frame: np.ndarray) -> np.ndarray:
+    """uint8 RGB [H, W, 3] (H and W even) -> planar YUV 4:2:0 [H * 3 / 2, W] (FFmpeg's
+    yuv420p layout): chroma averaged over each 2x2 block. Done here rather than
+    by FFmpeg's scaler, so the pixels do not depend on its threads or version."""
+    h, w = frame.shape[:2]
+    yuv = frame.astype(np.float64) @ _YUV.T + _YUV_OFFSET
+    chroma = yuv[..., 1:].reshape(h // 2, 2, w // 2, 2, 2).mean(axis=(1, 3))
+    planes = np.concatenate([yuv[..., 0].ravel(), chroma[..., 0].ravel(), chroma[..., 1].ravel()])
+    return np.clip(np.rint(planes), 0, 255).astype(np.uint8).reshape(-1, w)
+
+
 def write_video(
     path: str | Path,
     frames: np.ndarray,
     fps: int,
-    crf: int = 18,
+    crf: int = 0,
     audio: np.ndarray | None = None,
     sample_rate: int = 16_000,
 ) -> Path:
     """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically; with
-    ``audio`` (mono float32 [N]) also an AAC track."""
+    ``audio`` (mono float32 [N]) also an AAC track.
+
+    ``crf=0`` (the default) is lossless: the decoded frames are the frames' YUV to the
+    bit, however the encoder chose to code them (libx264 does not choose alike from one
+    run to the next, so a lossy clip's pixels, and a seeded run on them, would vary)."""
     import av
 
     path = Path(path)
@@ -57,7 +77,7 @@ def write_video(
             sound = container.add_stream("aac", rate=sample_rate)
             sound.layout = "mono"
         for frame in frames:
-            image = av.VideoFrame.from_ndarray(frame[: stream.height, : stream.width], format="rgb24")
+            image = av.VideoFrame.from_ndarray(yuv420(frame[: stream.height, : stream.width]), format="yuv420p")
             container.mux(stream.encode(image))
         if sound is not None:
             chunk = av.AudioFrame.from_ndarray(audio.astype(np.float32)[None, :], format="flt", layout="mono")

@@ -75,3 +75,30 @@ def test_uniform_scenes_ask_about_all_shapes_with_the_whole_palette(tmp_path):
         assert colour["options"][LETTERS.index(colour["answer"])] == objects[0]["color"]
         assert count["answer"] == len(objects)
         assert enter["answer"] == [max(o["enter"] for o in objects), 2.0]
+
+
+def test_a_clip_decodes_to_its_frames_yuv_in_every_process(tmp_path):
+    """The synthetic clips are lossless H.264: decoded, a clip is its frames' YUV 4:2:0 to
+    the bit, in this process and in a fresh one (libx264's lossy choices differ from run
+    to run, which made a seeded quickstart on re-rendered clips end elsewhere)."""
+    import subprocess
+    import sys
+
+    import av
+
+    from omni_rl.preprocess.synthetic import write_video, yuv420
+
+    frames = render(random_scene(np.random.default_rng(3), 2.0, 96, 72), 2.0, 8, 96, 72)
+    script = (
+        "import sys, numpy as np; from omni_rl.preprocess.synthetic import write_video; "
+        "write_video(sys.argv[1], np.load(sys.argv[2]), 8)"
+    )
+    np.save(tmp_path / "frames.npy", frames)
+    write_video(tmp_path / "here.mp4", frames, 8)
+    subprocess.run([sys.executable, "-c", script, tmp_path / "there.mp4", tmp_path / "frames.npy"], check=True)
+    for name in ("here.mp4", "there.mp4"):
+        with av.open(str(tmp_path / name)) as clip:
+            decoded = [frame.to_ndarray() for frame in clip.decode(video=0)]
+        assert len(decoded) == len(frames)
+        for got, frame in zip(decoded, frames, strict=True):
+            np.testing.assert_array_equal(got, yuv420(frame))
