@@ -123,27 +123,6 @@ def test_the_prompt_keys_are_held_once_not_per_completion(tiny_checkpoint, famil
         assert own_keys[0] == 8 and own_keys[2] == 4  # the tail only
 
 
-def test_left_padded_prompts_are_prefilled_without_a_mask(tiny_checkpoint, family_prompts, monkeypatch):
-    """The prompts' forward builds no [B, 1, P, P] mask: its attention runs prompt by
-    prompt over the real tokens (what the log-prob tests above check for exactness)."""
-    from omni_rl.models.forward import prefill
-
-    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
-    inputs = family_prompts("qwen2_5_vl", processor)
-    assert not inputs["attention_mask"].all()  # the two prompts differ in length
-    masks, real = [], shared_prefix.shared_prefix_attention
-
-    def spy(module, query, key, value, attention_mask, shared_prefix=None, **kwargs):
-        masks.append(attention_mask)
-        return real(module, query, key, value, attention_mask, shared_prefix=shared_prefix, **kwargs)
-
-    monkeypatch.setitem(shared_prefix.AttentionInterface._global_mapping, shared_prefix.NAME, spy)
-    with torch.no_grad():
-        store = prefill(model, inputs).store
-    assert masks == [None] * model.config.text_config.num_hidden_layers
-    assert store.starts == (inputs["attention_mask"].shape[1] - inputs["attention_mask"].sum(-1)).tolist()
-
-
 def test_chunked_logprobs_equal_the_whole_logits_with_exact_gradients(monkeypatch):
     """Log-probs and entropies a few tokens at a time equal those of the whole [N, L, V]
     logits, and so do their gradients (each chunk is recomputed in backward)."""
