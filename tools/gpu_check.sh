@@ -9,6 +9,8 @@
 # Last, on one GPU: flow-policy PPO in ManiSkill's batched GPU simulation (PushCube, 256
 # envs, state observations, 20 iterations from scratch): env steps/s of the rollout,
 # seconds per update and per seeded reset (env by env, see omni_rl/sim/maniskill.py).
+# Beside the measured peak it prints the peak tools/trace_memory.py traces for the same
+# config on fake tensors, and it runs 2 steps on mixed modalities (half the rows text-only).
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
 #   SIM_ONLY=1 tools/gpu_check.sh # the ManiSkill GPU run alone (one GPU)
 set -euo pipefail
@@ -62,6 +64,26 @@ print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statist
       f"update {statistics.median(r['time/update'] for r in steady):.2f}) rollout tokens/s={tokens:.0f} "
       f"peak memory per GPU={peak:.1f} GiB")
 PYEOF
+echo "gpu_check: the peak traced on fake tensors for the same config and world (tools/trace_memory.py; at the"
+echo "  media budgets' largest prompt and full-length completions, so at or above the measured peak)"
+"$PY" tools/trace_memory.py configs/gpu_check_grpo_3b.yaml --world "$GPUS" --set model.path="$WORK/model" \
+  --checks warn | tail -n 1 | sed 's/^/gpu_check traced: /'
+if [ "$GPUS" -ge 2 ]; then
+  # half the rows without their video: ranks' micro-batches differ in which encoders run
+  # (each rank runs every encoder under FSDP2; a mismatch here hangs NCCL or corrupts weights)
+  echo "gpu_check: FSDP2 on mixed modalities (every second row text-only), 2 steps"
+  "$PY" - "$WORK/data/data.jsonl" "$WORK/data/mixed.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+mixed = [row if i % 2 == 0 else {k: v for k, v in row.items() if k != "videos"} for i, row in enumerate(rows)]
+open(sys.argv[2], "w").write("".join(json.dumps(row) + "\n" for row in mixed))
+PYEOF
+  rm -rf "$WORK/mixed"
+  timeout 900 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node="$GPUS" -m omni_rl train \
+    configs/gpu_check_grpo_3b.yaml --set model.path="$WORK/model" --set data.train="$WORK/data/mixed.jsonl" \
+    --set run.output_dir="$WORK/mixed" --set trainer.steps=2 --set trainer.dist_timeout_minutes=5
+  echo "gpu_check mixed: $(wc -l < "$WORK/mixed/metrics.jsonl") steps logged, no hang"
+fi
 echo "gpu_check: one GRPO update on a 64-frame video, shared prompt (omni) against a copy per completion (peer)"
 "$PY" tools/bench_memory.py --device cuda --model "$WORK/model" --frames 64 --size 448 --new-tokens 256 \
   --checkpointing --runs omni:8,peer:8
