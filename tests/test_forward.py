@@ -57,16 +57,16 @@ def test_group_forward_equals_full_forward(family, tiny_checkpoint, family_promp
     assert shared.entropy.shape == ids.shape and (shared.entropy >= 0).all()
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("setting", ["eval", "train", "train+checkpointing"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_group_forward_gradients_equal_full_forward(family, checkpointing, tiny_checkpoint, family_prompts):
+def test_group_forward_gradients_equal_full_forward(family, setting, tiny_checkpoint, family_prompts):
     """The same gradient in every parameter as the full B*G forward, for every family,
-    with and without gradient checkpointing (which keeps the shared prompt: it runs
-    once per group either way)."""
+    in eval and train mode, and with non-reentrant gradient checkpointing (which keeps
+    the shared prompt: it runs once per group either way)."""
     model, processor = load(tiny_checkpoint(family))
-    if checkpointing:
+    if setting.endswith("checkpointing"):
         model.gradient_checkpointing_enable({"use_reentrant": False})
-    model.train()
+    model.train(setting != "eval")
     inputs = family_prompts(family, processor)
     n = 2
     ids, mask = completions(2 * n, 5, seed=1)
@@ -83,6 +83,47 @@ def test_group_forward_gradients_equal_full_forward(family, checkpointing, tiny_
     assert encoders and all(shared[name].abs().sum() > 0 for name in encoders)  # media encoders reached
     for name in shared:
         torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "a completion token sees the next one",  # one position of the own block's causal bias flipped
+        "a prompt's padding key is read",  # one left-padded prompt starts a key early
+    ],
+)
+def test_the_parity_check_finds_one_wrong_attention_position(fault, tiny_checkpoint, family_prompts, monkeypatch):
+    """The log-prob and gradient comparisons above fail when the block attention is
+    wrong in a single position: what they guard against is within their reach."""
+    from omni_rl.models import block_attention
+
+    if fault.startswith("a completion"):
+        real_bias = block_attention.causal_bias
+
+        def leaky(groups, queries, keys, dtype, device):
+            bias = real_bias(groups, queries, keys, dtype, device).clone()
+            bias[..., 1, 2] = 0.0  # query 1 attends to key 2, its successor
+            return bias
+
+        monkeypatch.setattr(block_attention, "causal_bias", leaky)
+    else:
+        real_padding = shared_prefix.left_padding
+
+        def early(key_mask):
+            starts = real_padding(key_mask)
+            padded = max(range(len(starts)), key=starts.__getitem__)
+            starts[padded] -= 1
+            return starts
+
+        monkeypatch.setattr(shared_prefix, "left_padding", early)
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    ids, mask = completions(4, 5, seed=1)
+    with torch.no_grad():
+        shared = group_forward(model, inputs, ids, mask, 2).logp
+        reference = full_logp(model, inputs, ids, mask, 2)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(shared * mask, reference * mask, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -121,6 +162,27 @@ def test_the_prompt_keys_are_held_once_not_per_completion(tiny_checkpoint, famil
     for prefix_keys, own_keys in seen:
         assert prefix_keys[0] == batch and prefix_keys[2] == prompt - 1
         assert own_keys[0] == 8 and own_keys[2] == 4  # the tail only
+
+
+def test_left_padded_prompts_are_prefilled_without_a_mask(tiny_checkpoint, family_prompts, monkeypatch):
+    """The prompts' forward builds no [B, 1, P, P] mask: its attention runs prompt by
+    prompt over the real tokens (what the log-prob tests above check for exactness)."""
+    from omni_rl.models.forward import prefill
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    assert not inputs["attention_mask"].all()  # the two prompts differ in length
+    masks, real = [], shared_prefix.shared_prefix_attention
+
+    def spy(module, query, key, value, attention_mask, shared_prefix=None, **kwargs):
+        masks.append(attention_mask)
+        return real(module, query, key, value, attention_mask, shared_prefix=shared_prefix, **kwargs)
+
+    monkeypatch.setitem(shared_prefix.AttentionInterface._global_mapping, shared_prefix.NAME, spy)
+    with torch.no_grad():
+        store = prefill(model, inputs).store
+    assert masks == [None] * model.config.text_config.num_hidden_layers
+    assert store.starts == (inputs["attention_mask"].shape[1] - inputs["attention_mask"].sum(-1)).tolist()
 
 
 def test_chunked_logprobs_equal_the_whole_logits_with_exact_gradients(monkeypatch):

@@ -141,19 +141,23 @@ def test_a_prompts_completions_do_not_depend_on_its_batch(tiny_checkpoint, famil
 
 def test_decoding_reads_the_prompt_keys_once_per_group(tiny_checkpoint, family_prompts, monkeypatch):
     """Each decoding step attends to the B prompts' stored keys and to a cache of the
-    completions' own tokens only (no G copies of the prompt's keys)."""
+    completions' own tokens only (no G copies of the prompt's keys); that cache is
+    allocated once (max_new_tokens slots) and step s sees its first s + 1 slots."""
     from omni_rl.models import shared_prefix
 
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))
     inputs = family_prompts("qwen2_5_vl", processor)
-    seen = []
+    seen, buffers = [], set()
     real = shared_prefix.grouped_attention
 
     def spy(module, query, key, value, attention_mask, store, scaling):
         if module.layer_idx == 0:
-            seen.append((store.layers[0][0].shape[0], key.shape[0], key.shape[2]))
+            visible = attention_mask.reshape(key.shape[0], -1).sum(-1).unique().tolist()
+            seen.append((store.layers[0][0].shape[0], key.shape[0], key.shape[2], visible))
+            buffers.add(key.data_ptr())
         return real(module, query, key, value, attention_mask, store, scaling)
 
     monkeypatch.setattr(shared_prefix, "grouped_attention", spy)
     rollouts = HFRolloutEngine(model, processor).generate(inputs, n=4, sampling=SamplingParams(max_new_tokens=5))
-    assert seen == [(2, 8, step + 1) for step in range(rollouts.completion_ids.shape[1])]
+    assert seen == [(2, 8, 5, [step + 1]) for step in range(rollouts.completion_ids.shape[1])]
+    assert len(buffers) == 1

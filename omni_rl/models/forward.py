@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from omni_rl.models.shared_prefix import PrefixStore, ReadPrefix, RecordPrefix
+from omni_rl.models.shared_prefix import PrefixStore, ReadPrefix, RecordPrefix, prompts_unmasked
 
 # Tensors whose second dimension runs over the prompt's tokens.
 TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
@@ -301,7 +301,7 @@ def prefill(model: torch.nn.Module, inputs: dict) -> Prefix:
         prefix["position_ids"] = positions
     store = PrefixStore(prefix["attention_mask"].bool())
     reset_rope_deltas(model)
-    with head_replaced(model, lambda hidden: hidden[:, :0]):
+    with head_replaced(model, lambda hidden: hidden[:, :0]), prompts_unmasked():
         model(**prefix, use_cache=False, shared_prefix=RecordPrefix(store))
     return Prefix(store, inputs["attention_mask"].long().sum(-1), deltas if deltas is not None else _rope_deltas(model))
 

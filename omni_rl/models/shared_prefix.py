@@ -8,12 +8,15 @@ transformers, ``omni_rl_sdpa``:
 
 - without a ``shared_prefix`` argument it is plain SDPA, so generation, evaluation and
   SFT are untouched;
-- with ``shared_prefix=RecordPrefix(store)`` (the prompt's forward) it is SDPA and it
-  also keeps each layer's post-RoPE keys and values in ``store``;
+- with ``shared_prefix=RecordPrefix(store)`` (the prompt's forward) it keeps each
+  layer's post-RoPE keys and values in ``store`` and runs SDPA prompt by prompt over
+  the real tokens (views past the left padding, so no [B, 1, P, P] mask is built:
+  ``prompts_unmasked``);
 - with ``shared_prefix=ReadPrefix(store)`` (the completions' forward, rows grouped G
-  per prompt) each prompt's G completions are laid side by side as one query sequence
-  that attends to the prompt's keys once, plus its own completion causally
-  (a block-diagonal mask), in one SDPA call.
+  per prompt) each prompt's G completions attend to the prompt's keys, read in place
+  once for all G, and to their own keys causally: two fused attention calls merged by
+  their log-sum-exps (``omni_rl.models.block_attention``), with no mask over the
+  prompt and no copy of its keys.
 
 The roles are fixed objects handed to each forward, so gradient checkpointing, which
 replays a layer's forward with the same arguments during backward, replays the same
@@ -24,12 +27,17 @@ prompt's keys and values, and through them the media encoders, once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from omni_rl.errors import OmniRLError
+from omni_rl.models.block_attention import GroupAttention, own_bias
 
 NAME = "omni_rl_sdpa"
 
@@ -38,7 +46,8 @@ class PrefixStore:
     """The prompts' keys and values, layer by layer, as their forward produced them.
 
     Attributes:
-        key_mask: bool [B, P], which prompt positions are real tokens (not left padding).
+        key_mask: bool [B, P], which prompt positions are real tokens (left padding first).
+        starts: each prompt's first real position (its keys are a view from there on).
         layers: layer index -> (keys, values), each [B, kv_heads, P, head_dim].
 
     Plain classes, not dataclasses: wrappers that rebuild a forward's arguments (FSDP2
@@ -48,7 +57,18 @@ class PrefixStore:
 
     def __init__(self, key_mask: torch.Tensor):
         self.key_mask = key_mask
+        self.starts = left_padding(key_mask)
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def left_padding(key_mask: torch.Tensor) -> list[int]:
+    """How many padding positions open each row of a left-padded bool mask [B, P]
+    (one host read per prefill); a mask with holes elsewhere is refused."""
+    lengths = key_mask.sum(-1)
+    real = torch.arange(key_mask.shape[1], device=key_mask.device)[None, :] >= key_mask.shape[1] - lengths[:, None]
+    if not torch.equal(real, key_mask):
+        raise OmniRLError("the shared-prefix forward takes left-padded prompts; this attention mask has holes")
+    return (key_mask.shape[1] - lengths).tolist()
 
 
 class RecordPrefix:
@@ -69,34 +89,6 @@ class ReadPrefix:
         self.store = store
 
 
-def group_mask(key_mask: torch.Tensor, tail_mask: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The bool mask [B, 1, G*T, P + G*K] of G completions side by side.
-
-    Args:
-        key_mask: bool [B, P], the prompts' real tokens.
-        tail_mask: bool [B*G, T, K], what each completion query sees of its own keys.
-    """
-    batch, prompt = key_mask.shape
-    _, queries, keys = tail_mask.shape
-    n = group_size
-    prefix = key_mask[:, None, None, :].expand(batch, 1, n * queries, prompt)
-    same = torch.eye(n, dtype=torch.bool, device=tail_mask.device)
-    blocks = tail_mask.view(batch, n, queries, 1, keys) & same[None, :, None, :, None]
-    return torch.cat([prefix, blocks.reshape(batch, 1, n * queries, n * keys)], dim=-1)
-
-
-def _tail_mask(attention_mask: torch.Tensor | None, rows: int, queries: int, keys: int, device) -> torch.Tensor:
-    """bool [rows, T, K] from the mask transformers built for the completions alone
-    (None means causal, the last ``queries`` of ``keys`` positions being the queries)."""
-    if attention_mask is None:
-        q = torch.arange(queries, device=device)[:, None] + (keys - queries)
-        causal = q >= torch.arange(keys, device=device)[None, :]
-        return causal.expand(rows, queries, keys)
-    if attention_mask.dtype != torch.bool:  # an additive float mask
-        attention_mask = attention_mask == 0
-    return attention_mask[:, 0].expand(rows, queries, keys)
-
-
 def grouped_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -106,30 +98,25 @@ def grouped_attention(
     store: PrefixStore,
     scaling: float | None,
 ) -> torch.Tensor:
-    """Attention of G completions per prompt over the prompt's stored keys and their own.
+    """Attention of G completions per prompt over the prompt's stored keys and their own
+    (``omni_rl.models.block_attention``: no concatenation, head expansion or dense mask).
 
     Args:
         query: [B*G, H, T, D]; key, value: [B*G, kv_heads, K, D], the completions' own.
+        attention_mask: what transformers built for the completions' own keys; only a
+            decoding step's (one query per row: the cache's valid slots) is read, a
+            longer block being causal over right-padded rows.
     Returns:
         [B*G, T, H, D], as transformers' attention functions return it.
     """
     prefix_key, prefix_value = store.layers[module.layer_idx]
-    batch = prefix_key.shape[0]
     rows, heads, queries, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
-    n = rows // batch
-
-    def side_by_side(t: torch.Tensor, length: int, width: int) -> torch.Tensor:
-        return t.view(batch, n, width, length, dim).transpose(1, 2).reshape(batch, width, n * length, dim)
-
-    groups = heads // kv_heads
-    k = repeat_kv(torch.cat([prefix_key, side_by_side(key, keys, kv_heads)], dim=2), groups)
-    v = repeat_kv(torch.cat([prefix_value, side_by_side(value, keys, kv_heads)], dim=2), groups)
-    mask = group_mask(store.key_mask, _tail_mask(attention_mask, rows, queries, keys, query.device), n)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        side_by_side(query, queries, heads), k, v, attn_mask=mask, scale=scaling
-    )
-    return out.view(batch, heads, n, queries, dim).permute(0, 2, 3, 1, 4).reshape(rows, queries, heads, dim)
+    group = rows // prefix_key.shape[0]
+    scale = dim**-0.5 if scaling is None else scaling
+    bias = own_bias(attention_mask, heads // kv_heads, queries, keys, query.dtype, query.device)
+    out = GroupAttention.apply(query, key, value, bias, scale, group, store.starts, prefix_key, prefix_value)
+    return out.transpose(1, 2)
 
 
 def shared_prefix_attention(module, query, key, value, attention_mask, shared_prefix=None, **kwargs):
@@ -139,12 +126,48 @@ def shared_prefix_attention(module, query, key, value, attention_mask, shared_pr
             module, query, key, value, attention_mask, shared_prefix.store, kwargs.get("scaling")
         ), None
     if isinstance(shared_prefix, RecordPrefix):
-        shared_prefix.store.layers.setdefault(module.layer_idx, (key, value))
+        store = shared_prefix.store
+        store.layers.setdefault(module.layer_idx, (key, value))
+        return prompt_attention(module, query, key, value, store.starts, **kwargs), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
+def prompt_attention(module, query, key, value, starts: list[int], **kwargs) -> torch.Tensor:
+    """Causal attention of left-padded prompts, each over its own real tokens (views
+    past its padding, so no [B, 1, P, P] mask): [B, P, H, D], zero at padding."""
+    kwargs.pop("is_causal", None)
+    if starts == [0]:  # one unpadded prompt: the keys as they are
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)[0]
+    out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+    for b, start in enumerate(starts):
+        one = slice(b, b + 1)
+        out[one, start:] = sdpa_attention_forward(
+            module, query[one, :, start:], key[one, :, start:], value[one, :, start:], None, is_causal=True, **kwargs
+        )[0]
+    return out
+
+
+_PROMPTS_UNMASKED: ContextVar[bool] = ContextVar("omni_rl_prompts_unmasked", default=False)
+
+
+@contextmanager
+def prompts_unmasked() -> Iterator[None]:
+    """Within: the decoder builds no attention mask (a prompt forward's attention reads
+    each prompt's padding from its ``PrefixStore`` instead)."""
+    token = _PROMPTS_UNMASKED.set(True)
+    try:
+        yield
+    finally:
+        _PROMPTS_UNMASKED.reset(token)
+
+
+def decoder_mask(*args, **kwargs):
+    """transformers' SDPA mask, except inside ``prompts_unmasked``."""
+    return None if _PROMPTS_UNMASKED.get() else sdpa_mask(*args, **kwargs)
+
+
 AttentionInterface.register(NAME, shared_prefix_attention)
-AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionMaskInterface.register(NAME, decoder_mask)
 
 
 def decoder_config(model: torch.nn.Module):

@@ -5,8 +5,10 @@ prefill, so the vision/audio encoder and the language model run G times over the
 prompt, and repeating a prefilled cache G times still keeps G copies of its keys and
 values. Here the prompt (all but its last token) is prefilled once per prompt, each
 decoder layer keeps its keys and values once (``omni_rl.models.shared_prefix``), and
-a decode loop continues all B*G sequences from the prompt's last token, their own
-keys in a cache of completion tokens only. The sampling distribution (temperature,
+a decode loop continues all B*G sequences from the prompt's last token: each step
+attends to the prompt's keys where they lie (no copy, no head expansion:
+``omni_rl.models.block_attention``) and to the sequences' own keys in a cache of
+completion tokens only, allocated once per rollout and written in place. The sampling distribution (temperature,
 top-k, top-p, with media placeholder tokens removed) is shaped by transformers'
 logits processors, and the log-probability of each sampled token under exactly that
 distribution is recorded.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     LogitsProcessor,
+    StaticCache,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -36,7 +39,7 @@ from omni_rl.engine import distributed
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import prefill, tail_positions
 from omni_rl.models.inputs import collate_prompts
-from omni_rl.models.shared_prefix import ReadPrefix
+from omni_rl.models.shared_prefix import ReadPrefix, decoder_config
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,9 @@ class HFRolloutEngine:
             first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
             extra = {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
             finished = torch.zeros_like(tokens, dtype=torch.bool)
-            cache, sampled, logprobs = None, [], []
+            # the completions' own keys: allocated once, written in place step by step
+            cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
+            sampled, logprobs = [], []
             # DECODE: all B*G sequences, one token each per step, until every one stopped
             # (on every rank: sharded forwards run in step)
             for step in range(sampling.max_new_tokens):
@@ -201,7 +206,6 @@ class HFRolloutEngine:
                     shared_prefix=reader,
                     **extra,
                 )
-                cache = out.cache
                 scores = out.logits[:, -1].float()
                 for warp in warpers:
                     scores = warp(None, scores)
