@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 
 from omni_rl.cli import main
+from omni_rl.models import forward, load
+from omni_rl.models.forward import explicit_positions, reset_rope_deltas
+from omni_rl.models.inputs import append_completion
 from omni_rl.preprocess.scenes import write_video_qa
 from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import sft
@@ -115,3 +120,91 @@ def test_rows_eval_and_training_eval_score_alike(tmp_path, shapes, monkeypatch):
     assert metrics["eval/held/accuracy"] == rows["accuracy"] and metrics["eval/held/rows"] == 16
     per_type = {k.removeprefix("eval/held/accuracy/"): v for k, v in metrics.items() if "accuracy/" in k}
     assert per_type == rows["per_type"]
+
+
+def _labels_loss(model, batch: dict, labels, tokens: float):
+    """The reference: transformers' own ``labels=`` loss over full-vocabulary logits."""
+    reset_rope_deltas(model)
+    batch = dict(batch)
+    positions, _ = explicit_positions(model, batch)
+    extra = {"position_ids": positions} if positions is not None else {}
+    return model(**batch, labels=labels, num_items_in_batch=tokens, **extra).loss
+
+
+def _value_and_grads(model, loss_fn):
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = loss_fn()
+    return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_audio", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"])
+def test_the_chunked_target_loss_equals_the_labels_loss(family, tiny_checkpoint, family_prompts, monkeypatch):
+    """SFT's loss through the chunked head equals transformers' ``labels=`` loss over the
+    whole logits, in value and in every parameter's gradient, within 1e-5 relative:
+    the shift by one, -100 on prompts and padding, the division by the step's count,
+    and an MoE's load-balancing term where its config asks for it."""
+    model, processor = load(tiny_checkpoint(family))
+    if family == "qwen3_omni_moe_thinker":
+        model.config.text_config.output_router_logits = True
+    inputs = family_prompts(family, processor)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (2, 7), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0  # a shorter target, right-padded
+    batch, labels = append_completion(inputs, ids, mask)
+    tokens = float(mask.sum()) + 5  # the step's count: other micro-batches and ranks too
+    vocab = forward.output_head(model).weight.shape[0]
+    monkeypatch.setattr(forward, "CHUNK_BYTES", 4 * vocab * 3)  # three positions per chunk
+    # transformers' Qwen2-Audio head ignores num_items_in_batch and takes the mean over
+    # the micro-batch's targets: its sum is that mean times their count
+    scale = float(mask.sum()) / tokens if family == "qwen2_audio" else 1.0
+    want, want_grads = _value_and_grads(model, lambda: _labels_loss(model, batch, labels, tokens) * scale)
+    got, got_grads = _value_and_grads(model, lambda: sft._target_nll(model, batch, labels, tokens))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    assert [g is None for g in got_grads] == [w is None for w in want_grads]
+    pairs = [(g, w) for g, w in zip(got_grads, want_grads, strict=True) if w is not None]
+    # relative to the gradient's scale: some tensors' gradients are rounding noise (1e-13)
+    scale = max(float(w.abs().max()) for _, w in pairs)
+    for g, w in pairs:
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale)
+
+
+def _peak_bytes(loss_fn, model, *args) -> int:
+    """Peak bytes of the tensors alive during ``loss_fn(model, *args)`` and its backward
+    (parameters included), as torch's ``MemTracker`` counts them on CPU."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss_fn(model, *args).backward()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def test_sft_keeps_no_full_vocabulary_logits_over_its_tokens():
+    """At Qwen's 152k vocabulary, a forward and backward of SFT's loss peaks at the same
+    bytes whatever the target count (one chunk of logits at a time), where the
+    ``labels=`` loss's peak grows with [positions, V] fp32 logits and more."""
+    config = transformers.Qwen2Config(
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    prompt, peaks = 256, {}
+    for targets in (256, 1024):
+        ids = torch.randint(0, config.vocab_size, (1, prompt + targets))
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        labels = ids.masked_fill(torch.arange(ids.shape[1]) < prompt, -100)
+        peaks["new", targets] = _peak_bytes(sft._target_nll, model, batch, labels, float(targets))
+        peaks["old", targets] = _peak_bytes(_labels_loss, model, batch, labels, float(targets))
+    logits_growth = (1024 - 256) * config.vocab_size * 4  # [768 more positions, V] fp32
+    assert peaks["old", 1024] - peaks["old", 256] >= logits_growth, peaks  # the tracker sees logits
+    assert peaks["new", 1024] - peaks["new", 256] < 0.05 * logits_growth, peaks  # [M, H] states only
+    assert peaks["new", 1024] < 0.3 * peaks["old", 1024], peaks

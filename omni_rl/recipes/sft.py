@@ -7,13 +7,21 @@ on the target tokens only.
 
 from __future__ import annotations
 
+import torch
+
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
 from omni_rl.evaluation.during_training import HeldOut
-from omni_rl.models.forward import explicit_positions, reset_rope_deltas
-from omni_rl.models.inputs import append_completion, collate_prompts
+from omni_rl.models.forward import (
+    completion_logprobs,
+    explicit_positions,
+    head_replaced,
+    output_head,
+    reset_rope_deltas,
+)
+from omni_rl.models.inputs import IGNORE_INDEX, append_completion, collate_prompts
 from omni_rl.recipes.common import (
     Timer,
     draw_rows,
@@ -71,12 +79,44 @@ def _batch(rows: list[tuple[dict, list[int]]], processor, device):
 
 def _target_nll(model, batch: dict, labels, tokens: float):
     """Summed cross-entropy of the target tokens divided by ``tokens``, the whole step's
-    target count over every rank and micro-batch (transformers' ``num_items_in_batch``)."""
+    target count over every rank and micro-batch (transformers' ``num_items_in_batch``).
+
+    The decoder's hidden states go through the chunked head GRPO uses
+    (``completion_logprobs``) at the target positions only, a chunk at a time, so no
+    [B, L, V] logits exist: at a 7B model's 152k vocabulary they are about 0.6 MB per
+    token in fp32, and a prompt's media tokens make most of L. Equals
+    ``model(**batch, labels=labels, num_items_in_batch=tokens).loss`` in value and
+    gradients (a test), except that Qwen2-Audio's transformers head ignores
+    ``num_items_in_batch`` and averages each micro-batch: here every family's sum is
+    divided by ``tokens``.
+
+    Args:
+        batch: model inputs, ``input_ids`` [B, L] (and their media).
+        labels: [B, L], the target tokens, -100 on prompts and padding.
+    """
     reset_rope_deltas(model)
     batch = dict(batch)
     positions, _ = explicit_positions(model, batch)
-    extra = {"position_ids": positions} if positions is not None else {}
-    return model(**batch, labels=labels, num_items_in_batch=tokens, **extra).loss
+    if positions is not None:
+        batch["position_ids"] = positions
+    # transformers' shift: the state at t predicts token t + 1, the last predicts none
+    targets = labels[:, 1:]
+    head = output_head(model)
+    with head_replaced(
+        model, lambda hidden: completion_logprobs(hidden[:, :-1], head, targets, targets != IGNORE_INDEX)
+    ):
+        out = model(**batch, use_cache=False)
+    loss = -out.logits[..., 0].sum() / tokens
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None:  # MoE load balancing, which transformers adds to a ``labels=`` loss
+        loss = loss + _unwrapped(model).router_aux_loss_coef * aux.to(loss.device)
+    return loss
+
+
+def _unwrapped(model):
+    while isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model
 
 
 def train(cfg: SFTConfig, resume: str | None = None) -> dict:
