@@ -68,6 +68,10 @@ class RewardSettings:
             ``answer_only`` (<answer>...</answer>).
         accuracy_weight, format_weight: default weights of the total.
         weights: per problem type (accuracy, format) weights overriding the default.
+        require_template: a response that does not follow ``template`` as a whole
+            gets no accuracy term in its score (its ``accuracy`` is still reported),
+            so an answer followed by anything, or cut off before its closing tag, is
+            not rewarded like a finished one.
         math_timeout: hard limit in seconds on one math verification.
 
     Raises:
@@ -79,6 +83,7 @@ class RewardSettings:
     format_weight: float = 0.1
     weights: dict[str, tuple[float, float]] = field(default_factory=dict)
     math_timeout: float = 2.0
+    require_template: bool = False
 
     def __post_init__(self):
         pairs = {"default": (self.accuracy_weight, self.format_weight), **self.weights}
@@ -252,9 +257,11 @@ class Scorer:
             except Exception as err:  # noqa: BLE001 - model output must never crash a run
                 details["error"] = f"{type(err).__name__}: {err}"[:300]
                 accuracy = 0.0
-        fmt = (0.5 if template_ok(response, settings.template) else 0.0) + (0.5 if fits else 0.0)
+        follows = template_ok(response, settings.template)
+        fmt = (0.5 if follows else 0.0) + (0.5 if fits else 0.0)
+        credited = accuracy if follows or not settings.require_template else 0.0
         w_acc, w_fmt = settings.weights_for(self.name)
-        return RewardResult(w_acc * accuracy + w_fmt * fmt, accuracy, fmt, details)
+        return RewardResult(w_acc * credited + w_fmt * fmt, accuracy, fmt, details)
 
 
 SCORERS: Registry[Scorer] = Registry("problem type")

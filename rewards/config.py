@@ -26,6 +26,10 @@ class RewardsConfig:
     the type's name (not an alias, not a plug-in: a plug-in's value is its reward)."""
     math_timeout: float = 2.0
     """Hard limit in seconds on one math verification."""
+    require_template: bool = False
+    """Reward accuracy only in responses that follow ``template`` as a whole (built-in
+    scorers): an answer followed by more text, or cut off before its closing tag, then
+    scores its format term alone. ``accuracy/*`` metrics still report every answer."""
     workers: int = 2
     """Processes verifying math answers in parallel."""
     custom: dict[str, str] = field(default_factory=dict)
@@ -66,4 +70,5 @@ class RewardsConfig:
             format_weight=self.format_weight,
             weights=dict(self.weights),
             math_timeout=self.math_timeout,
+            require_template=self.require_template,
         )

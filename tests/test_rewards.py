@@ -70,6 +70,22 @@ def test_total_is_the_weighted_sum_and_weights_are_overridable():
     assert score("counting", "<think>x</think><answer>3</answer>", 3, settings=answer_only).format == 0.5
 
 
+def test_require_template_rewards_accuracy_only_in_finished_responses():
+    """An answer followed by more text, or given without its tags, keeps its accuracy
+    (reported) but earns only its format term; a clean one scores as before."""
+    strict = RewardSettings(template="answer_only", require_template=True)
+    clean = score("multiple_choice", "<answer>B</answer>", "B", options=["x", "y"], settings=strict)
+    assert (clean.accuracy, clean.format, clean.score) == (1.0, 1.0, pytest.approx(1.0))
+    for response in ("<answer>B</answer>6655666", "B"):
+        result = score("multiple_choice", response, "B", options=["x", "y"], settings=strict)
+        lenient = score(
+            "multiple_choice", response, "B", options=["x", "y"], settings=RewardSettings(template="answer_only")
+        )
+        assert result.accuracy == lenient.accuracy == 1.0, response
+        assert result.format == 0.5 and result.score == pytest.approx(0.1 * 0.5), response
+        assert lenient.score == pytest.approx(0.9 + 0.1 * 0.5), response
+
+
 @pytest.mark.parametrize("problem_type", TYPES)
 def test_an_empty_answer_never_earns_accuracy(problem_type):
     answers = {

@@ -66,12 +66,13 @@ def audio_sft() -> SFTConfig:
 
 def audio_grpo() -> GRPOConfig:
     """The GRPO phase: 400 steps of 8 prompts x 8 completions at lr 2e-4; 24 new tokens
-    (an answer is about 18, one token per byte); answers without a <think> part."""
+    (an answer is about 18, one token per byte); answers without a <think> part,
+    accuracy rewarded only in responses that end with the answer."""
     return GRPOConfig(
         data=DataConfig(prompts_per_step=8),
         rollout=RolloutConfig(n=8, max_new_tokens=24, temperature=1.0),
         algorithm=AlgorithmConfig(advantage="grpo", dynamic_sampling=False),
-        rewards=RewardsConfig(template="answer_only"),
+        rewards=RewardsConfig(template="answer_only", require_template=True),
         trainer=TrainerConfig(steps=400),
         optimizer=AdamWConfig(lr=2e-4),
     )

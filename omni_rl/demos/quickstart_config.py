@@ -87,12 +87,14 @@ def quickstart_sft() -> SFTConfig:
 def quickstart_grpo() -> GRPOConfig:
     """The GRPO phase: 600 steps of 8 prompts x 8 completions at lr 2e-4 (higher rates
     collapse the tiny model to empty answers); 40 new tokens, as the tiny tokenizer
-    spends one token per byte; answers without a <think> part."""
+    spends one token per byte; answers without a <think> part, accuracy rewarded only
+    in responses that end with the answer (without it, one SFT start drifted into
+    text after ``</answer>`` and collapsed)."""
     return GRPOConfig(
         data=DataConfig(prompts_per_step=8),
         rollout=RolloutConfig(n=8, max_new_tokens=40, temperature=1.0),
         algorithm=AlgorithmConfig(advantage="grpo", dynamic_sampling=False),
-        rewards=RewardsConfig(template="answer_only"),
+        rewards=RewardsConfig(template="answer_only", require_template=True),
         trainer=TrainerConfig(steps=600),
         optimizer=AdamWConfig(lr=2e-4),
     )
