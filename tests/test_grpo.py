@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 
 from omni_rl.errors import OmniRLError
@@ -264,6 +265,61 @@ def test_gradient_checkpointing_and_frozen_vision_tower(tmp_path, shapes):
     )
     final = grpo.train(load_config(config))
     assert final["step"] == 1 and "loss/policy" in final
+
+
+def dense_grouped_attention(module, query, key, value, attention_mask, store, scaling):
+    """The plain attention the block attention replaces: each completion row over its
+    prompt's real keys concatenated with its own, heads expanded, a dense mask (causal
+    over its own keys; a decoding step's cache mask as transformers built it)."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    prefix_key, prefix_value = store.layers[module.layer_idx]
+    rows, heads, queries, dim = query.shape
+    kv_heads, own = key.shape[1], key.shape[2]
+    group = rows // prefix_key.shape[0]
+    outs = []
+    for r in range(rows):
+        b = r // group
+        start = store.starts[b]
+        keys = repeat_kv(torch.cat([prefix_key[b : b + 1, :, start:], key[r : r + 1]], 2), heads // kv_heads)
+        values = repeat_kv(torch.cat([prefix_value[b : b + 1, :, start:], value[r : r + 1]], 2), heads // kv_heads)
+        if queries == 1 and attention_mask is not None:
+            row = attention_mask[r, 0, -1]
+            visible = (row if row.dtype == torch.bool else row == 0)[None, :]
+        else:
+            visible = torch.arange(own)[None, :] <= torch.arange(queries)[:, None] + own - queries
+        prompt = torch.ones(queries, prefix_key.shape[2] - start, dtype=torch.bool)
+        mask = torch.cat([prompt, visible.expand(queries, own)], dim=1)
+        scale = dim**-0.5 if scaling is None else scaling
+        outs.append(F.scaled_dot_product_attention(query[r : r + 1], keys, values, attn_mask=mask, scale=scale))
+    return torch.cat(outs).transpose(1, 2)
+
+
+def test_block_attention_trains_as_the_dense_attention_does(tmp_path, shapes, monkeypatch):
+    """Three GRPO steps (two epochs of two mini-batches each) with the block attention
+    and with the dense one it replaces, from the same start: the same completions and
+    rewards, losses, entropies and gradient norms within 1e-5, and final weights within
+    1e-5. What a change to the attention must pass before any long run."""
+    from omni_rl.models import load, shared_prefix
+
+    def run(name: str) -> tuple[list[dict], dict]:
+        config = tiny_config(tmp_path / name, shapes, trainer={"steps": 3, "save_every": 0})
+        grpo.train(load_config(config))
+        out = tmp_path / name / "run"
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return rows, dict(load(out / "model")[0].named_parameters())
+
+    block_rows, block_weights = run("block")
+    monkeypatch.setattr(shared_prefix, "grouped_attention", dense_grouped_attention)
+    dense_rows, dense_weights = run("dense")
+    for block, dense in zip(block_rows, dense_rows, strict=True):
+        for key in ("reward/mean", "response/length_mean", "response/clipped_fraction"):
+            assert block[key] == dense[key], (block["step"], key)
+        for key in ("loss/policy", "actor/entropy", "optim/grad_norm"):
+            assert block[key] == pytest.approx(dense[key], rel=1e-5, abs=1e-7), (block["step"], key)
+        assert block["rollout/logp_abs_diff"] < 1e-5 and dense["rollout/logp_abs_diff"] < 1e-5
+    for name, weight in block_weights.items():
+        torch.testing.assert_close(weight, dense_weights[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_image_and_video_rows_train_together_under_their_own_budgets(tmp_path):
