@@ -126,6 +126,67 @@ def test_the_parity_check_finds_one_wrong_attention_position(fault, tiny_checkpo
         torch.testing.assert_close(shared * mask, reference * mask, atol=1e-5, rtol=1e-5)
 
 
+TEXT_ONLY = ["Hi.", "Which fruit is red? A. apple B. lime", "Name a colour you like, in one word, then stop."]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_text_only_prompts_score_and_decode_as_each_alone(family, tiny_checkpoint):
+    """Three prompts without media, of different lengths (left-padded): the group
+    forward's log-probs and gradients, and the rollout's greedy tokens, equal each
+    prompt's own forward and transformers' generate on it alone, unpadded. (Qwen2-VL,
+    Qwen2.5-VL and Qwen3-VL compute their positions only for a batch with media; left
+    to themselves, they count a text-only batch's left padding.)"""
+    from omni_rl.models.inputs import encode_prompts
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    model, processor = load(tiny_checkpoint(family))
+    model.train()
+    conversations = [[{"role": "user", "content": [{"type": "text", "text": t}]}] for t in TEXT_ONLY]
+    inputs = encode_prompts(processor, conversations)
+    assert len(set((inputs["attention_mask"] == 0).sum(-1).tolist())) == 3  # three paddings
+    n = 2
+    ids, mask = completions(len(TEXT_ONLY) * n, 5, seed=2)
+
+    def grads(loss):
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    shared_logp = group_forward(model, inputs, ids, mask, n).logp
+    shared = grads((shared_logp * mask).sum())
+    alone_logp, total = [], 0
+    for p, conversation in enumerate(conversations):
+        alone = encode_prompts(processor, [conversation])
+        rows = slice(p * n, (p + 1) * n)
+        batch, _ = append_completion(repeat_everything(alone, n), ids[rows], mask[rows])
+        reset_rope_deltas(model)
+        logits = model(**batch).logits[:, alone["input_ids"].shape[1] - 1 : -1]
+        logp = token_logprobs(logits, ids[rows])
+        alone_logp.append(logp.detach())
+        total = total + (logp * mask[rows]).sum()
+    reference = grads(total)
+    torch.testing.assert_close(shared_logp.detach() * mask, torch.cat(alone_logp) * mask, atol=1e-5, rtol=1e-5)
+    for name in shared:
+        torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-5, msg=name)
+
+    model.eval()
+    engine = HFRolloutEngine(model, processor)
+    rollouts = engine.generate(inputs, n=1, sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
+    for p, conversation in enumerate(conversations):
+        alone = encode_prompts(processor, [conversation])
+        with torch.no_grad():
+            want = model.generate(
+                **alone,
+                do_sample=False,
+                max_new_tokens=8,
+                suppress_tokens=engine.banned,
+                eos_token_id=engine.stop_ids,
+                pad_token_id=engine.pad_id,
+            )[0, alone["input_ids"].shape[1] :]
+        length = int(rollouts.lengths[p])
+        assert rollouts.completion_ids[p, :length].tolist() == want[:length].tolist(), (family, p)
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_group_forward_runs_the_vision_tower_once_per_batch(checkpointing, tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint("qwen2_5_vl"))

@@ -120,6 +120,10 @@ def _rope_deltas(model: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
+MEDIA_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")
+"""Processor outputs that carry media: a batch without any of them is text only."""
+
+
 def text_positions(model: torch.nn.Module, attention_mask: torch.Tensor) -> torch.Tensor | None:
     """Explicit positions for models without multimodal RoPE (left padding not counted,
     as in generation); None lets multimodal-RoPE models compute their own."""
@@ -133,13 +137,22 @@ def explicit_positions(model: torch.nn.Module, batch: dict) -> tuple[torch.Tenso
     either that the model computes itself. Takes the per-prompt ``use_audio_in_video``
     flags out of ``batch``: prompts that hear their videos get positions computed one
     by one (``omni_rl.models.omni.prompt_positions``); models without multimodal RoPE
-    get ``text_positions``."""
+    get ``text_positions``; so does a text-only batch of a multimodal-RoPE model, on
+    each of the three axes with offsets 0 (Qwen2-VL, Qwen2.5-VL and Qwen3-VL compute
+    positions only when the batch has media, and otherwise count the left padding,
+    which the completions' positions do not)."""
     heard = batch.pop("use_audio_in_video", None)
     if heard is not None and bool(heard.any()):
         from omni_rl.models.omni import prompt_positions
 
         return prompt_positions(_rope_modules(model)[0], batch, heard)
-    return text_positions(model, batch["attention_mask"]), None
+    mask = batch["attention_mask"]
+    if not _rope_modules(model):
+        return text_positions(model, mask), None
+    if any(batch.get(key) is not None for key in MEDIA_INPUTS):
+        return None, None
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return positions[None].expand(3, -1, -1), torch.zeros(mask.shape[0], 1, dtype=torch.long, device=mask.device)
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
