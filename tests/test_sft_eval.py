@@ -84,8 +84,11 @@ def test_eval_cli_reports_accuracy_per_type(tmp_path, shapes, capsys):
     assert set(summary["per_type"]) == {"multiple_choice", "counting", "temporal_grounding"}
     # trained on exactly these rows: greedy answers reproduce most of them
     assert summary["accuracy"] > 0.5
-    assert main([*args[:-2], "--samples", "2"]) == 0
-    assert "pass@2" in capsys.readouterr().out
+    assert main([*args, "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pass@2" in out and "one sampled answer" in out
+    summary = json.loads(summary_file.read_text())
+    assert summary["samples"] == 2 and 0 <= summary["sampled_accuracy"] <= summary["accuracy"]
 
 
 def test_rows_eval_and_training_eval_score_alike(tmp_path, shapes, monkeypatch):
@@ -120,6 +123,38 @@ def test_rows_eval_and_training_eval_score_alike(tmp_path, shapes, monkeypatch):
     assert metrics["eval/held/accuracy"] == rows["accuracy"] and metrics["eval/held/rows"] == 16
     per_type = {k.removeprefix("eval/held/accuracy/"): v for k, v in metrics.items() if "accuracy/" in k}
     assert per_type == rows["per_type"]
+
+
+def test_a_set_listed_greedy_and_sampled_logs_both_accuracies(tmp_path, shapes, monkeypatch):
+    """The same rows as two ``data.eval`` sets, greedy and with 4 samples: the greedy
+    accuracy, the pass@4 and the accuracy of one sampled answer (the mean over the 4),
+    side by side in the metrics and in the sampled set's results."""
+    import torch
+
+    from omni_rl.data.config import EvalSetConfig
+    from omni_rl.evaluation import pipeline
+    from omni_rl.evaluation.during_training import HeldOut
+
+    def canned(model, processor, dataset, sampling, samples, indices, *rest):
+        rows = [dataset.rows[i] for i in indices]
+        # even rows: right first, then wrong; odd rows: always wrong
+        answers = [
+            [str(row.answer) if k % 2 == 0 and s == 0 else "no idea" for s in range(samples)]
+            for k, row in enumerate(rows)
+        ]
+        return list(zip(rows, answers, strict=True)), []
+
+    monkeypatch.setattr(pipeline, "answer_rows", canned)
+    cfg = load_config(None, [f"data.train={shapes}", f"run.output_dir={tmp_path}", *MEDIA], recipe="sft")
+    cfg.data.eval = [
+        EvalSetConfig(data=str(shapes), name="greedy"),
+        EvalSetConfig(data=str(shapes), name="sampled", samples=4),
+    ]
+    metrics = HeldOut(cfg, tmp_path, "qwen2_5_vl")(torch.nn.Linear(1, 1), None, step=2)
+    assert metrics["eval/greedy/accuracy"] == 0.5 and "eval/greedy/sampled_accuracy" not in metrics
+    assert metrics["eval/sampled/accuracy"] == 0.5 and metrics["eval/sampled/sampled_accuracy"] == 0.125
+    results = json.loads((tmp_path / "eval" / "sampled" / "step-2" / "results.json").read_text())
+    assert results["samples"] == 4 and results["sampled_accuracy"] == 0.125
 
 
 def _labels_loss(model, batch: dict, labels, tokens: float):

@@ -25,7 +25,9 @@ class EvalSetConfig:
     protocol: dict[str, Any] = field(default_factory=dict)
     """Protocol overrides of the preset (nframes, max_new_tokens, ...)."""
     samples: int = 1
-    """Rows: completions per row (1: greedy; K: pass@K at rollout temperature)."""
+    """Rows: completions per row (1: greedy; K: pass@K at rollout temperature, and the
+    accuracy of one sampled answer as ``sampled_accuracy``). List a file twice, greedy
+    and sampled, to watch the two part."""
     max_new_tokens: int = 64
     """Rows: the longest answer."""
     limit: int = 0

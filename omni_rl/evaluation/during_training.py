@@ -150,6 +150,8 @@ class HeldOut:
             where.mkdir(parents=True, exist_ok=True)
             (where / "results.json").write_text(json.dumps(summary, indent=2))
         flat_metrics = {"accuracy": summary["accuracy"], "rows": summary["rows"], "skipped": skipped}
+        if "sampled_accuracy" in summary:
+            flat_metrics["sampled_accuracy"] = summary["sampled_accuracy"]
         return flat_metrics | {f"accuracy/{k}": v for k, v in summary["per_type"].items()}
 
     # ------------------------------------------------------------------ best model

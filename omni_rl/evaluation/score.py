@@ -11,10 +11,11 @@ from omni_rl.rewards import RewardSettings, Target, score_batch
 
 def score_rows(
     rows: list[Row], answers: dict[str, list[str]], settings: RewardSettings | None = None
-) -> list[tuple[str, str, float]]:
-    """``(problem type, data source, accuracy)`` of each of ``rows`` answered in
-    ``answers`` ({row id: completions}), in the rows' order; a row's accuracy is its
-    best completion's. ``settings``: the run's reward settings (None: the defaults)."""
+) -> list[tuple[str, str, float, float]]:
+    """``(problem type, data source, best accuracy, mean accuracy)`` of each of ``rows``
+    answered in ``answers`` ({row id: completions}), in the rows' order: its best
+    completion's accuracy and the mean over its completions. ``settings``: the run's
+    reward settings (None: the defaults)."""
     answered = [row for row in rows if row.id in answers]
     flat = [(row, text) for row in answered for text in answers[row.id]]
     results = score_batch(
@@ -23,10 +24,14 @@ def score_rows(
         [Target(row.answer, row.fields.get("options"), row.fields) for row, _ in flat],
         settings,
     )
-    best: dict[str, float] = {}
+    scores: dict[str, list[float]] = {}
     for (row, _), result in zip(flat, results, strict=True):
-        best[row.id] = max(best.get(row.id, result.accuracy), result.accuracy)
-    return [(row.problem_type, row.fields.get("data_source") or "unknown", best[row.id]) for row in answered]
+        scores.setdefault(row.id, []).append(result.accuracy)
+    return [
+        (row.problem_type, row.fields.get("data_source") or "unknown", max(s), sum(s) / len(s))
+        for row in answered
+        for s in [scores[row.id]]
+    ]
 
 
 def score_benchmark(prepared, answers: dict[str, list[str]]) -> list[Scored]:

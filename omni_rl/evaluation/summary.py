@@ -6,25 +6,31 @@ from __future__ import annotations
 from collections import defaultdict
 
 
-def summarize(per_row: list[tuple[str, str, float]], samples: int) -> dict:
+def summarize(per_row: list[tuple[str, str, float, float]], samples: int) -> dict:
     """Mean accuracy overall and grouped by problem type and data source, from each
-    row's ``(problem type, data source, accuracy)``."""
+    row's ``(problem type, data source, best accuracy, mean accuracy)``: with one
+    sample the greedy accuracy, with K the pass@K; with K > 1 also ``sampled_accuracy``,
+    the mean over every completion (the accuracy of one sampled answer, which training's
+    rewards see)."""
     by_type, by_source = defaultdict(list), defaultdict(list)
-    for problem_type, source, accuracy in per_row:
+    for problem_type, source, accuracy, _ in per_row:
         by_type[problem_type].append(accuracy)
         by_source[source].append(accuracy)
 
     def mean(values):
         return sum(values) / len(values) if values else 0.0
 
-    return {
-        "accuracy": mean([a for _, _, a in per_row]),
+    summary = {
+        "accuracy": mean([a for _, _, a, _ in per_row]),
         "samples": samples,
         "rows": len(per_row),
         "per_type": {k: mean(v) for k, v in sorted(by_type.items())},
         "per_source": {k: mean(v) for k, v in sorted(by_source.items())},
         "count_per_type": {k: len(v) for k, v in sorted(by_type.items())},
     }
+    if samples > 1:
+        summary["sampled_accuracy"] = mean([m for *_, m in per_row])
+    return summary
 
 
 def rows_table(summary: dict) -> str:
@@ -35,6 +41,8 @@ def rows_table(summary: dict) -> str:
     for name, value in summary["per_type"].items():
         lines.append(f"{name:<28}{summary['count_per_type'][name]:>6}{value:>12.3f}")
     lines.append(f"{'overall':<28}{summary['rows']:>6}{summary['accuracy']:>12.3f}")
+    if "sampled_accuracy" in summary:
+        lines.append(f"{'one sampled answer':<28}{summary['rows']:>6}{summary['sampled_accuracy']:>12.3f}")
     if "rows_read" in summary:
         lines.append(
             f"{summary['rows_read']} rows read: {summary['rows']} scored, {summary['refused_rows']} refused when "
