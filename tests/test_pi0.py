@@ -4,6 +4,8 @@ prefix encoded once per observation, and the velocity field against transformers
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -110,3 +112,136 @@ def test_cameras_that_do_not_match_their_mask_are_refused(tiny_pi0):
     obs["pixel_attention_mask"] = obs["pixel_attention_mask"][:, :1]
     with pytest.raises(OmniRLError, match="pixel_attention_mask"):
         backbone.encode_prefix(**obs)
+
+
+def pi0_policy(tiny_pi0, **fields):
+    from omni_rl.config import build_section
+    from omni_rl.models.flow_policy_config import FlowPolicyConfig
+    from omni_rl.models.pi0 import Pi0FlowPolicy
+
+    config = build_section(FlowPolicyConfig, {"horizon": 8, "executed": 5, "width": 32, **fields}, "policy")
+    policy = Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
+    policy.backbone.freeze_vlm()
+    return policy
+
+
+def pi0_observations(policy, batch: int = 3, seed: int = 0):
+    from omni_rl.models.pi0 import Pi0Observation
+
+    return Pi0Observation(**observations(policy.backbone, batch, seed))
+
+
+@pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
+def test_the_policy_with_its_noise_zeroed_samples_pi0s_own_actions(tiny_pi0, method):
+    """The chain with every stochastic step's draw at 0 (the noise head's and the SDE's
+    std forced out) and the deterministic sampler both give ``sample_actions``."""
+    policy = pi0_policy(tiny_pi0, method=method).eval()
+    obs = pi0_observations(policy)
+    noise = policy.noise(3, torch.Generator().manual_seed(2))
+    noise.steps.zero_()
+    if method == "flow_sde":  # the SDE step's mean is not the ODE's: only the deterministic path applies
+        drawn = policy.sample(obs, deterministic=True, start=noise.start)
+    else:
+        drawn = policy.sample(obs, noise=noise)
+    with torch.no_grad():
+        want = policy.backbone.model.sample_actions(
+            state=obs.state,
+            noise=noise.start.clone(),
+            input_ids=obs.input_ids,
+            attention_mask=obs.attention_mask,
+            pixel_values=obs.pixel_values,
+            pixel_attention_mask=obs.pixel_attention_mask,
+            num_steps=policy.steps,
+        )
+    torch.testing.assert_close(drawn.actions, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_chain_logprob_is_the_hand_computed_one_and_scoring_repeats_sampling(tiny_pi0):
+    from omni_rl.algorithms.flow import bounded_std
+
+    policy = pi0_policy(tiny_pi0, method="flow_noise").eval()
+    obs = pi0_observations(policy)
+    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(3))
+    assert drawn.stochastic.all()
+    with torch.no_grad():
+        logp, entropy, value = policy.chain_logprob_value(obs, drawn.chain, drawn.stochastic)
+        prefix = policy.backbone.encode_prefix(
+            obs.input_ids, obs.attention_mask, obs.pixel_values, obs.pixel_attention_mask
+        )
+        hand = -0.5 * drawn.chain[:, 0] ** 2 - 0.5 * math.log(2 * math.pi)
+        for k in range(policy.steps):
+            x, t = drawn.chain[:, k], torch.full((3,), 1.0 - k / policy.steps)
+            v, tokens = policy.backbone.velocity(prefix, obs.state, x, t)
+            mean, std = x - v / policy.steps, bounded_std(policy.noise_net(tokens), 0.08, 0.16)
+            hand += -0.5 * ((drawn.chain[:, k + 1] - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)
+    torch.testing.assert_close(logp, hand, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(drawn.logp, logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(drawn.value, value)
+    torch.testing.assert_close(policy.value_of(obs), value)  # the critic does not read the chain's noise
+    assert entropy.shape == (3,) and (entropy > -2).all()
+
+
+def test_the_bc_loss_is_pi0s_own_flow_matching_loss(tiny_pi0):
+    policy = pi0_policy(tiny_pi0)
+    obs = pi0_observations(policy)
+    generator = torch.Generator().manual_seed(4)
+    actions = torch.randn(3, 8, 8, generator=generator)
+    eps, t = torch.randn(3, 8, 8, generator=generator), torch.rand(3, generator=generator)
+    ours = policy.bc_loss(obs, actions, torch.ones(3, 8), t, eps)
+    theirs = policy.backbone.model(
+        state=obs.state,
+        noise=eps,
+        timestep=t,
+        actions=actions,
+        input_ids=obs.input_ids,
+        attention_mask=obs.attention_mask,
+        pixel_values=obs.pixel_values,
+        pixel_attention_mask=obs.pixel_attention_mask,
+    ).loss
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_one_prefix_per_observation_in_sampling_and_scoring(tiny_pi0):
+    policy = pi0_policy(tiny_pi0, method="flow_sde", sde_mode="chain")
+    obs = pi0_observations(policy)
+    calls = []
+    hook = policy.backbone.model.model.vlm.register_forward_hook(lambda *_: calls.append(1))
+    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(5))
+    assert len(calls) == 1
+    logp, _, value = policy(obs, drawn.chain, drawn.stochastic)
+    assert len(calls) == 2
+    hook.remove()
+    (logp.sum() + value.sum()).backward()
+    trained = {name for name, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert not any(".vlm." in name for name in trained) and any(".dit." in name for name in trained)
+    assert any(name.startswith("value_head.") for name in trained)
+
+
+def test_a_saved_policy_loads_and_samples_the_same(tiny_pi0, tmp_path):
+    from omni_rl.models.pi0 import Pi0FlowPolicy
+
+    policy = pi0_policy(tiny_pi0).eval()
+    obs = pi0_observations(policy)
+    policy.save_pretrained(tmp_path / "policy")
+    again = Pi0FlowPolicy.from_pretrained(tmp_path / "policy").eval()
+    noise = policy.noise(3, torch.Generator().manual_seed(6))
+    torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
+
+
+def test_a_horizon_other_than_the_checkpoints_chunk_is_refused(tiny_pi0):
+    with pytest.raises(OmniRLError, match="chunk_size"):
+        pi0_policy(tiny_pi0, horizon=4, executed=4)
+
+
+def test_a_critic_on_a_privileged_state_reads_it_and_needs_its_size(tiny_pi0):
+    from omni_rl.config import build_section
+    from omni_rl.models.flow_policy_config import FlowPolicyConfig
+    from omni_rl.models.pi0 import Pi0FlowPolicy
+
+    config = build_section(FlowPolicyConfig, {"horizon": 8, "width": 32, "value_input": "obs"}, "policy")
+    with pytest.raises(OmniRLError, match="privileged"):
+        Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
+    policy = Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0), privileged_dim=5)
+    obs = pi0_observations(policy)
+    obs.privileged = torch.randn(3, 5)
+    torch.testing.assert_close(policy.value_of(obs), policy.value_head(obs.privileged).squeeze(-1).detach())

@@ -289,7 +289,7 @@ class FlowPolicy(nn.Module):
         """Draw one chunk per observation. The randomness is ``noise`` when given, else
         drawn from ``generator``. ``deterministic`` follows the ODE from the start noise
         (``start`` [N, H, D], or ``noise.start``, or drawn), for evaluation."""
-        n = obs.shape[0]
+        n = len(obs)
         if deterministic:
             start = start if start is not None else noise.start if noise is not None else self.start_noise(n, generator)
             noise = None
@@ -300,7 +300,7 @@ class FlowPolicy(nn.Module):
 
     def _sample(self, obs: torch.Tensor, noise: ChunkNoise | None, start: torch.Tensor | None) -> ChunkSample:
         """``noise`` None: the ODE from ``start``."""
-        n, device = obs.shape[0], obs.device
+        n, device = len(obs), obs.device
         features = self.encoder(obs)
         if noise is None:
             x = start.to(device)

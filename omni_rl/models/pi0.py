@@ -12,13 +12,19 @@ expert, its state and action projections train (``Pi0Backbone.freeze_vlm``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from omni_rl.algorithms.flow import bounded_std, chain_logprob, gaussian_entropy, ode_step, sde_step
+from omni_rl.config import build_section, to_dict
 from omni_rl.errors import OmniRLError
+from omni_rl.models.flow_policy import FlowPolicy, mlp
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
 
 
 def tiny_pi0_config(width: int = 64, image_size: int = 32, chunk: int = 8, dims: int = 8):
@@ -164,3 +170,177 @@ class Pi0Backbone(nn.Module):
             prefix.cache.crop(prefix.length - prefix.cache.get_seq_length())  # drop the chunk's keys
         tokens = out.last_hidden_state[:, -self.chunk :]
         return model.action_out_proj(tokens), tokens
+
+
+@dataclass
+class Pi0Observation:
+    """A batch of observations as pi_0 reads them (``Pi0Backbone``'s inputs), and an
+    optional privileged state only the critic reads (``value_input: obs``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pixel_values: torch.Tensor
+    pixel_attention_mask: torch.Tensor
+    state: torch.Tensor
+    privileged: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def __getitem__(self, index) -> Pi0Observation:
+        return Pi0Observation(*(None if v is None else v[index] for v in self._parts()))
+
+    def to(self, device) -> Pi0Observation:
+        return Pi0Observation(*(None if v is None else v.to(device) for v in self._parts()))
+
+    def _parts(self) -> tuple:
+        return (
+            self.input_ids,
+            self.attention_mask,
+            self.pixel_values,
+            self.pixel_attention_mask,
+            self.state,
+            self.privileged,
+        )
+
+
+@dataclass
+class Pi0Context:
+    """What the denoising steps of one batch of observations share: the prefix, encoded
+    once, and the state."""
+
+    prefix: Pi0Prefix
+    state: torch.Tensor
+
+
+class Pi0Encoder(nn.Module):
+    """The "encoder" of a pi_0 flow policy: observations to their encoded prefix."""
+
+    def __init__(self, backbone: Pi0Backbone):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, obs: Pi0Observation) -> Pi0Context:
+        prefix = self.backbone.encode_prefix(
+            obs.input_ids, obs.attention_mask, obs.pixel_values, obs.pixel_attention_mask
+        )
+        return Pi0Context(prefix, obs.state)
+
+
+class Pi0FlowPolicy(FlowPolicy):
+    """A ``FlowPolicy`` whose velocity field is pi_0's action expert over an encoded
+    prefix (``Pi0Backbone``), sampled with Flow-Noise or Flow-SDE by the same chain code.
+
+    Flow-Noise's noise head reads each expert output token (which already encodes x and
+    t) through a ``width``-wide MLP, its std bounded to [sigma_min, sigma_max] (pi_RL:
+    [0.08, 0.16]). The critic reads the detached mean of the expert's tokens for a zero
+    chunk at t = 1 (``value_input: features``, the default here: a function of the
+    observation alone, not of the chain's start noise), or a privileged state the actor
+    never sees through its own MLP (``obs``, with ``privileged_dim``). The
+    chain's log-probability is the sum over the stochastic steps, as for the MLP policy:
+    it is the likelihood of the chain, which PPO's ratio needs; RLinf's mean over steps
+    rescales the ratio's log by 1/K.
+
+    Args:
+        config: the ``policy:`` section; ``horizon`` must be the checkpoint's
+            ``chunk_size``, and ``width`` sizes the heads.
+        backbone: the PI0 checkpoint.
+        privileged_dim: the privileged state's size (``value_input: obs``).
+    """
+
+    def __init__(self, config: FlowPolicyConfig, backbone: Pi0Backbone, privileged_dim: int = 0):
+        nn.Module.__init__(self)
+        if config.horizon != backbone.chunk:
+            raise OmniRLError(
+                f"policy.horizon {config.horizon}: a pi0 policy predicts its checkpoint's chunk_size "
+                f"({backbone.chunk} actions)"
+            )
+        self.config, self.obs_dim, self.action_dim = config, privileged_dim, backbone.action_dim
+        self.horizon, self.executed, self.steps = config.horizon, config.executed, config.denoise_steps
+        self.method = config.method
+        self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
+        self.noise_steps = config.setting("noise_steps")
+        self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
+        self.noise_level = config.setting("noise_level")
+        self.value_input = config.value_input or "features"  # the images are too large for a second network
+        if self.value_input == "obs" and privileged_dim < 1:
+            raise OmniRLError("policy.value_input obs: a pi0 critic reads a privileged state; give its size")
+        self.encoder = Pi0Encoder(backbone)
+        features = backbone.feature_dim
+        self.noise_net = mlp([features, config.width, backbone.action_dim])
+        self.value_head = mlp([privileged_dim if self.value_input == "obs" else features, config.width, 1])
+        mask = torch.zeros(self.horizon, self.action_dim)
+        mask[: self.executed] = 1.0
+        self.register_buffer("action_mask", mask, persistent=False)
+
+    @property
+    def backbone(self) -> Pi0Backbone:
+        return self.encoder.backbone
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, features: Pi0Context) -> torch.Tensor:
+        """The action expert's velocity (``FlowPolicy.bc_loss`` reads it)."""
+        return self.backbone.velocity(features.prefix, features.state, x, t)[0]
+
+    def _transition(self, x, t, features: Pi0Context):
+        v, tokens = self.backbone.velocity(features.prefix, features.state, x, t)
+        if self.method == "flow_noise":
+            return v, ode_step(x, v, self.delta), bounded_std(self.noise_net(tokens), self.sigma_min, self.sigma_max)
+        return v, *sde_step(x, v, t[:, None, None], self.delta, self.noise_level)
+
+    def value(self, obs: Pi0Observation, features: Pi0Context | None) -> torch.Tensor:
+        if self.value_input == "obs":
+            return self.value_head(obs.privileged).squeeze(-1)
+        n = len(obs)
+        still = torch.zeros(n, self.horizon, self.action_dim, device=obs.device, dtype=obs.state.dtype)
+        _, tokens = self.backbone.velocity(features.prefix, features.state, still, torch.ones(n, device=obs.device))
+        return self.value_head(tokens.mean(1).detach()).squeeze(-1)
+
+    def chain_logprob_value(self, obs: Pi0Observation, chain: torch.Tensor, stochastic: torch.Tensor):
+        """As ``FlowPolicy.chain_logprob_value``, the K steps run one after another over
+        the observations' one encoded prefix."""
+        features = self.encoder(obs)
+        times = self.times(obs.device).to(chain.dtype)
+        means, stds = [], []
+        for k in range(self.steps):
+            _, mean, std = self._transition(chain[:, k], times[k].expand(len(obs)), features)
+            means.append(mean)
+            stds.append(std.expand_as(mean))
+        mean, std = torch.stack(means, 1), torch.stack(stds, 1)
+        logp = chain_logprob(chain, mean, std, stochastic, self.method == "flow_noise")
+        weights = stochastic.float()[:, :, None, None] * self.action_mask
+        entropy = (gaussian_entropy(std) * weights).sum(dim=(1, 2, 3)) / weights.sum(dim=(1, 2, 3)).clamp(min=1.0)
+        return logp, entropy, self.value(obs, features)
+
+    def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The backbone as a PI0 checkpoint in ``backbone/`` (what ``from_pretrained`` of
+        transformers reads), the heads in ``policy.safetensors``, the ``policy:`` config
+        in ``policy.json``; ``state_dict``: the full weights a sharded engine gathered."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        weights = self.state_dict() if state_dict is None else state_dict
+        inner = "encoder.backbone.model."
+        backbone = {k.removeprefix(inner): v for k, v in weights.items() if k.startswith(inner)}
+        self.backbone.model.save_pretrained(directory / "backbone", state_dict=backbone)
+        heads = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not k.startswith(inner)}
+        save_file(heads, directory / "policy.safetensors")
+        spec = {"type": "pi0", "privileged_dim": self.obs_dim, "config": to_dict(self.config)}
+        (directory / "policy.json").write_text(json.dumps(spec, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **overrides) -> Pi0FlowPolicy:
+        """A policy written by ``save_pretrained``; ``overrides`` change ``policy:``
+        fields that leave the weights' shapes alone."""
+        directory = Path(directory)
+        if not (directory / "policy.json").is_file():
+            raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
+        spec = json.loads((directory / "policy.json").read_text())
+        config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
+        policy = cls(config, Pi0Backbone.from_pretrained(directory / "backbone"), spec["privileged_dim"])
+        missing, unexpected = policy.load_state_dict(load_file(directory / "policy.safetensors"), strict=False)
+        if unexpected or any(not k.startswith("encoder.backbone.") for k in missing):
+            raise OmniRLError(f"{directory}: policy.safetensors does not match a pi0 policy ({unexpected or missing})")
+        return policy
