@@ -245,3 +245,40 @@ def test_a_critic_on_a_privileged_state_reads_it_and_needs_its_size(tiny_pi0):
     obs = pi0_observations(policy)
     obs.privileged = torch.randn(3, 5)
     torch.testing.assert_close(policy.value_of(obs), policy.value_head(obs.privileged).squeeze(-1).detach())
+
+
+def test_the_tiny_processor_turns_env_observations_into_a_policys_inputs(tiny_pi0):
+    from transformers import AutoProcessor
+
+    from omni_rl.models.pi0 import pi0_inputs
+    from omni_rl.sim.pixel_targets import PixelTargetsEnv
+
+    processor = AutoProcessor.from_pretrained(tiny_pi0)
+    env = PixelTargetsEnv(4, seed=0)
+    obs = env.reset()
+    inputs = pi0_inputs(processor, obs.images, obs.instructions, obs.state)
+    assert inputs.pixel_values.shape == (4, 1, 3, 32, 32) and inputs.pixel_attention_mask.all()
+    assert inputs.state.shape == (4, 8) and torch.equal(inputs.state[:, :2], obs.state)
+    assert (inputs.input_ids == processor.image_token_id).sum(-1).tolist() == [16] * 4
+    for i in range(4):
+        real = inputs.input_ids[i][inputs.attention_mask[i].bool()]
+        assert processor.tokenizer.decode(real[16:]) == f"<bos>{obs.instructions[i]}\n"
+    policy = pi0_policy(tiny_pi0)
+    drawn = policy.sample(inputs, generator=torch.Generator().manual_seed(0))
+    assert drawn.actions.shape == (4, 8, 8)
+    env.step(drawn.actions[:, 0, :2])  # an action's first two numbers drive the point
+
+
+def test_bad_observations_are_refused_with_the_reason(tiny_pi0):
+    from transformers import AutoProcessor
+
+    from omni_rl.models.pi0 import pi0_inputs
+
+    processor = AutoProcessor.from_pretrained(tiny_pi0)
+    images, state = torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(2, 2)
+    with pytest.raises(OmniRLError, match=r"env 1's instruction .* over the limit of 48"):
+        pi0_inputs(processor, images, ["go left", "go " * 30], state)
+    with pytest.raises(OmniRLError, match="uint8"):
+        pi0_inputs(processor, images.float(), ["a", "b"], state)
+    with pytest.raises(OmniRLError, match="2 images, 1 instructions"):
+        pi0_inputs(processor, images, ["a"], state)

@@ -27,16 +27,17 @@ from omni_rl.models.flow_policy import FlowPolicy, mlp
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 
 
-def tiny_pi0_config(width: int = 64, image_size: int = 32, chunk: int = 8, dims: int = 8):
+def tiny_pi0_config(
+    vocab: int, image_token_id: int, width: int = 64, image_size: int = 32, chunk: int = 8, dims: int = 8
+):
     """A PI0 config a CPU test runs in milliseconds: a 2-layer ``width``-wide Gemma
     prefix over a 1-layer SigLIP on ``image_size``² images (16 tokens an image), a
     2-layer expert half as wide, ``chunk`` actions of ``dims`` numbers, 4 denoising
-    steps, a 300-token vocabulary (the last id is the image placeholder)."""
+    steps, the tokenizer's ``vocab`` and image placeholder id."""
     from transformers import PI0Config
 
     if width < 32 or width % 32:
         raise OmniRLError(f"tiny pi0 width {width}: must be a multiple of 32")
-    vocab = 300
     return PI0Config(
         vlm_config={
             "model_type": "paligemma",
@@ -61,7 +62,7 @@ def tiny_pi0_config(width: int = 64, image_size: int = 32, chunk: int = 8, dims:
                 "vision_use_head": False,
             },
             "projection_dim": width,
-            "image_token_id": vocab - 1,
+            "image_token_id": image_token_id,
         },
         dit_config={
             "model_type": "gemma",
@@ -79,19 +80,49 @@ def tiny_pi0_config(width: int = 64, image_size: int = 32, chunk: int = 8, dims:
     )
 
 
+def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8):
+    """transformers' ``PI0Processor`` over an offline byte-level tokenizer (the 256
+    bytes, then ``<pad>``, ``<bos>``, ``<eos>``; the processor adds ``<image>`` and
+    PaliGemma's location and segmentation tokens) and ``image_size``² images (16 tokens
+    each). No state statistics: ``pi0_inputs`` passes the state as it is."""
+    from transformers import PI0ImageProcessor, PI0Processor, Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = bytes_to_unicode()
+    specials = ["<pad>", "<bos>", "<eos>"]
+    tokens = [symbols[b] for b in range(256)] + specials
+    tokenizer = Qwen2Tokenizer(
+        vocab={token: i for i, token in enumerate(tokens)},
+        merges=[],
+        unk_token=None,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+    )
+    tokenizer.add_special_tokens({"extra_special_tokens": specials}, replace_extra_special_tokens=False)
+    images = PI0ImageProcessor(
+        size={"max_height": image_size, "max_width": image_size},
+        pad_size={"height": image_size, "width": image_size},
+        image_seq_length=16,
+    )
+    return PI0Processor(images, tokenizer, max_state_dim=dims, chunk_size=chunk)
+
+
 def build_tiny_pi0(out: str | Path, seed: int = 0, width: int = 64) -> Path:
-    """Write a tiny random-init PI0 checkpoint (``tiny_pi0_config``) that
-    ``PI0ForConditionalGeneration.from_pretrained`` loads; the same seed gives the same
-    weights."""
+    """Write a tiny random-init PI0 checkpoint (``tiny_pi0_config``) with its processor
+    (``tiny_pi0_processor``), which ``PI0ForConditionalGeneration.from_pretrained`` and
+    ``AutoProcessor.from_pretrained`` load; the same seed gives the same weights."""
     from transformers import PI0ForConditionalGeneration
 
-    config = tiny_pi0_config(width)
+    processor = tiny_pi0_processor()
+    config = tiny_pi0_config(len(processor.tokenizer), processor.image_token_id, width)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = PI0ForConditionalGeneration(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    processor.save_pretrained(out)
     return out
 
 
@@ -344,3 +375,35 @@ class Pi0FlowPolicy(FlowPolicy):
         if unexpected or any(not k.startswith("encoder.backbone.") for k in missing):
             raise OmniRLError(f"{directory}: policy.safetensors does not match a pi0 policy ({unexpected or missing})")
         return policy
+
+
+def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: torch.Tensor, max_tokens: int = 48):
+    """A ``Pi0Observation`` from one camera's uint8 images [N, 3, H, W], N instructions
+    and N states, through ``processor`` (a ``PI0Processor``): the images resized and
+    normalized, each prompt ``<image>``s, ``<bos>``, instruction, newline, padded to the
+    longest. The state is zero-padded to the processor's ``max_state_dim``, and
+    normalized by its statistics when it has them. An instruction that makes a prompt
+    longer than ``max_tokens`` is refused, naming it."""
+    if images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
+        raise OmniRLError(
+            f"pi0 observations: images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}"
+        )
+    if not len(instructions) == images.shape[0] == state.shape[0]:
+        raise OmniRLError(
+            f"pi0 observations: {images.shape[0]} images, {len(instructions)} instructions, {state.shape[0]} states"
+        )
+    batch = processor(images=[[image] for image in images], text=instructions, padding="longest", return_tensors="pt")
+    lengths = batch["attention_mask"].sum(-1)
+    if int(lengths.max()) > max_tokens:
+        row = int(lengths.argmax())
+        raise OmniRLError(
+            f"pi0 observations: env {row}'s instruction {instructions[row]!r} makes a {int(lengths[row])}-token "
+            f"prompt, over the limit of {max_tokens}"
+        )
+    state = state.float()
+    if processor.state_mean is not None:
+        state = processor.normalize(state, "state")
+    state = torch.nn.functional.pad(state, (0, processor.max_state_dim - state.shape[-1]))
+    return Pi0Observation(
+        batch["input_ids"], batch["attention_mask"], batch["pixel_values"], batch["pixel_attention_mask"], state
+    )

@@ -1,0 +1,96 @@
+"""A batched pixel-and-language reaching task in pure torch, for VLA runs and tests on
+a CPU.
+
+Each env holds a point and two targets, a red and a blue one, in the square [-1, 1]^2,
+and an instruction naming one of them ("go to the red target"). The policy sees a
+small RGB image (the targets as coloured discs, the point as a white one), the
+instruction and the point's position (its "joint state"); where the targets are is
+only in the image and which one counts only in the instruction, so both must matter.
+Dynamics, reward and episode ends are ``PointMassEnv``'s with the named target as its
+goal. The privileged observation (point, goal, goal - point: ``PointMassEnv``'s) is
+for the scripted expert and a privileged critic, never for the actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omni_rl.sim.point_mass import PointMassEnv
+
+COLOURS = ("red", "blue")
+RGB = {"red": (230, 40, 40), "blue": (40, 80, 230), "point": (255, 255, 255), "background": (30, 30, 30)}
+
+
+@dataclass
+class PixelObservation:
+    """N envs' observations.
+
+    Attributes:
+        images: uint8 [N, 3, S, S], one camera.
+        instructions: N strings.
+        state: [N, 2] float32, the point's position.
+        privileged: [N, 6] float32, point, goal, goal - point (the expert's input).
+    """
+
+    images: torch.Tensor
+    instructions: list[str]
+    state: torch.Tensor
+    privileged: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.state.shape[0]
+
+
+def render(points: torch.Tensor, targets: torch.Tensor, size: int, radius: float) -> torch.Tensor:
+    """uint8 [N, 3, size, size]: the targets [N, 2, 2] (red, blue) as discs of
+    ``radius`` (in the square's units) and the points [N, 2] over them, half as large;
+    row 0 is y = 1."""
+    centres = (torch.arange(size, device=points.device, dtype=torch.float32) + 0.5) / size * 2 - 1
+    ys, xs = centres.flip(0)[:, None].expand(size, size), centres[None, :].expand(size, size)
+    grid = torch.stack([xs, ys], dim=-1)  # [S, S, 2], (x, y) of each pixel
+
+    def disc(centre: torch.Tensor, r: float) -> torch.Tensor:  # [N, S, S] bool
+        return (grid[None] - centre[:, None, None, :]).norm(dim=-1) < r
+
+    image = torch.tensor(RGB["background"], dtype=torch.uint8, device=points.device)
+    image = image[None, :, None, None].repeat(points.shape[0], 1, size, size)
+    layers = [(targets[:, 0], radius, "red"), (targets[:, 1], radius, "blue"), (points, radius / 2, "point")]
+    for centre, r, name in layers:
+        colour = torch.tensor(RGB[name], dtype=torch.uint8, device=points.device)[None, :, None, None]
+        image = torch.where(disc(centre, r)[:, None], colour, image)
+    return image
+
+
+class PixelTargetsEnv(PointMassEnv):
+    """N envs of the two-target task stepped together (``omni_rl.sim.base.VecEnv``, with
+    ``PixelObservation`` observations)."""
+
+    task = "PixelTargets-v0"
+
+    def __init__(self, num_envs: int, seed: int = 0, image_size: int = 32, **point_mass):
+        self.image_size = image_size
+        super().__init__(num_envs, seed=seed, **point_mass)
+        self.targets = torch.zeros(num_envs, 2, 2, device=self.device)
+        self.named = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    def _draw(self, envs: list[int]) -> None:
+        """A start point and two targets, each pair at least two radii apart, and the
+        named target, from each env's own generator."""
+        for i in envs:
+            generator = self.generators[i]
+            while True:
+                spots = torch.rand(3, 2, generator=generator) * 1.8 - 0.9
+                if torch.pdist(spots).min() > 2 * self.radius:
+                    break
+            named = int(torch.randint(2, (1,), generator=generator))
+            self.point[i], self.targets[i] = spots[0].to(self.device), spots[1:].to(self.device)
+            self.named[i], self.goal[i] = named, spots[1 + named].to(self.device)
+            self.steps[i] = 0
+
+    def _obs(self) -> PixelObservation:
+        images = render(self.point, self.targets, self.image_size, self.radius)
+        instructions = [f"go to the {COLOURS[i]} target" for i in self.named.tolist()]
+        privileged = torch.cat([self.point, self.goal, self.goal - self.point], dim=1)
+        return PixelObservation(images, instructions, self.point.clone(), privileged)

@@ -1,0 +1,59 @@
+"""The pixel-and-language reaching task (``omni_rl.sim.pixel_targets``): what the image
+and the instruction carry, and that the scripted expert solves it."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_rl.sim.pixel_targets import COLOURS, RGB, PixelTargetsEnv, render
+from omni_rl.sim.point_mass import expert_action
+
+
+def pixel_of(position: torch.Tensor, size: int) -> tuple[int, int]:
+    """(row, column) of a point of the square in a ``size``² image (row 0 is y = 1)."""
+    column = int((position[0] + 1) / 2 * size)
+    row = int((1 - position[1]) / 2 * size)
+    return min(row, size - 1), min(column, size - 1)
+
+
+def test_the_image_shows_each_target_in_its_colour_and_the_instruction_names_the_goal():
+    env = PixelTargetsEnv(6, seed=3)
+    obs = env.reset()
+    assert obs.images.shape == (6, 3, 32, 32) and obs.images.dtype == torch.uint8
+    assert obs.state.shape == (6, 2) and obs.privileged.shape == (6, 6)
+    for i in range(6):
+        for k, colour in enumerate(COLOURS):
+            row, column = pixel_of(env.targets[i, k], 32)
+            assert tuple(obs.images[i, :, row, column].tolist()) == RGB[colour]
+        named = COLOURS.index(obs.instructions[i].split()[3])
+        assert obs.instructions[i] == f"go to the {COLOURS[named]} target"
+        assert torch.equal(obs.privileged[i, 2:4], env.targets[i, named])
+        row, column = pixel_of(obs.state[i], 32)
+        assert tuple(obs.images[i, :, row, column].tolist()) == RGB["point"]
+    assert {obs.instructions[i] for i in range(6)} == {"go to the red target", "go to the blue target"}
+
+
+def test_the_scripted_expert_reaches_the_named_target_every_time():
+    env = PixelTargetsEnv(8, seed=0, max_episode_steps=30)
+    obs, ended = env.reset(), []
+    for _ in range(60):
+        result = env.step(expert_action(obs.privileged))
+        obs, ended = result.obs, ended + result.episodes
+    assert len(ended) >= 16 and all(e.success_once for e in ended)
+    assert min(e.length for e in ended) >= 2  # no episode starts on its target
+
+
+def test_the_same_seed_gives_the_same_episodes():
+    first, second = PixelTargetsEnv(4, seed=7).reset(), PixelTargetsEnv(4, seed=7).reset()
+    assert torch.equal(first.images, second.images) and first.instructions == second.instructions
+
+
+def test_render_draws_the_point_over_the_targets():
+    image = render(torch.tensor([[0.5, 0.5]]), torch.tensor([[[0.5, 0.5], [-0.5, -0.5]]]), 32, 0.2)[0]
+
+    def colour(x: float, y: float) -> tuple:
+        row, column = pixel_of(torch.tensor([x, y]), 32)
+        return tuple(image[:, row, column].tolist())
+
+    assert colour(0.5, 0.5) == RGB["point"] and colour(0.66, 0.5) == RGB["red"]
+    assert colour(-0.5, -0.5) == RGB["blue"] and colour(-0.9, 0.9) == RGB["background"]
