@@ -592,8 +592,8 @@ def _rewards_score(args: argparse.Namespace) -> int:
 
 @command(
     "sim collect-demos",
-    "record scripted-expert episodes of a ManiSkill task into a safetensors file",
-    arg("--task", required=True, help="a task with a scripted expert: PushCube-v1 or PickCube-v1"),
+    "record scripted-expert episodes of a task into a safetensors file",
+    arg("--task", required=True, help="a task with a scripted expert: PushCube-v1, PickCube-v1 or PixelTargets-v0"),
     arg("--episodes", required=True, type=int, metavar="N", help="episodes to record"),
     arg("--out", required=True, metavar="FILE", help="output .safetensors file"),
     arg(

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from omni_rl.sim.base import VecEnv
 
 POINT_MASS = "PointMass-v0"
+PIXEL_TARGETS = "PixelTargets-v0"
 
 
 def make_vec_env(
@@ -27,8 +28,9 @@ def make_vec_env(
     """N envs of ``task`` stepped together.
 
     Args:
-        task: ``PointMass-v0`` (a small batched torch env for fast algorithm tests) or a
-            ManiSkill env id such as ``PushCube-v1`` or ``PickCube-v1``.
+        task: ``PointMass-v0`` (a small batched torch env for fast algorithm tests),
+            ``PixelTargets-v0`` (the same with a camera image and an instruction, for VLA
+            policies) or a ManiSkill env id such as ``PushCube-v1`` or ``PickCube-v1``.
         num_envs: N.
         backend: ``auto``, ``cpu`` or ``gpu``: where the envs run (``auto``: on CUDA when
             available).
@@ -38,8 +40,8 @@ def make_vec_env(
         **maniskill_options: ``obs_mode``, ``control_mode`` and ``reward_mode`` of a
             ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`).
     """
-    if task == POINT_MASS:
-        return _point_mass(num_envs, backend, seed, max_episode_steps, ignore_terminations, maniskill_options)
+    if task in (POINT_MASS, PIXEL_TARGETS):
+        return _point_mass(task, num_envs, backend, seed, max_episode_steps, ignore_terminations, maniskill_options)
     from omni_rl.sim.maniskill import make_maniskill_env
 
     return make_maniskill_env(
@@ -54,19 +56,27 @@ def make_vec_env(
 
 
 def _point_mass(
-    num_envs: int, backend: str, seed: int, max_episode_steps: int | None, ignore_terminations: bool, options: dict
+    task: str,
+    num_envs: int,
+    backend: str,
+    seed: int,
+    max_episode_steps: int | None,
+    ignore_terminations: bool,
+    options: dict,
 ) -> VecEnv:
     from omni_rl.errors import OmniRLError
     from omni_rl.runtime import resolve_device
+    from omni_rl.sim.pixel_targets import PixelTargetsEnv
     from omni_rl.sim.point_mass import PointMassEnv
 
     # the flow recipe passes a ManiSkill env section through unchanged; PointMass has no
     # observation or control modes to choose, and one reward
     unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"})
     if unknown:
-        raise OmniRLError(f"{POINT_MASS}: unexpected options {', '.join(unknown)}")
+        raise OmniRLError(f"{task}: unexpected options {', '.join(unknown)}")
     if options.get("reward_mode", "normalized_dense") != "normalized_dense":
-        raise OmniRLError(f"{POINT_MASS}: has one reward (distance gained, 1 on reaching); leave env.reward_mode unset")
+        raise OmniRLError(f"{task}: has one reward (distance gained, 1 on reaching); leave env.reward_mode unset")
     device = resolve_device({"gpu": "cuda"}.get(backend, backend))
     steps = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    return PointMassEnv(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps)
+    env = PixelTargetsEnv if task == PIXEL_TARGETS else PointMassEnv
+    return env(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps)

@@ -29,6 +29,7 @@ import torch
 
 from omni_rl.errors import OmniRLError
 from omni_rl.registry import Registry
+from omni_rl.sim import pixel_targets
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class Expert:
     """A scripted policy for one task.
 
     Attributes:
-        obs_dim: the length of the task's flat state observation.
-        act: ``obs [N, obs_dim] -> actions [N, 4]`` (xyz delta, gripper).
+        obs_dim: the length of the task's flat observation.
+        act: ``obs [N, obs_dim] -> actions [N, A]`` (ManiSkill's: xyz delta, gripper).
     """
 
     obs_dim: int
@@ -67,7 +68,8 @@ def expert_action(task: str, obs: torch.Tensor) -> torch.Tensor:
         obs: [N, obs_dim] flat state observations of that task.
 
     Returns:
-        [N, 4] float32 ``pd_ee_delta_pos`` actions in [-1, 1], on ``obs``'s device.
+        [N, A] float32 actions in [-1, 1] (ManiSkill's ``pd_ee_delta_pos``), on ``obs``'s
+        device.
     """
     expert = EXPERTS.get(task)
     if obs.ndim != 2 or obs.shape[1] != expert.obs_dim:
@@ -132,6 +134,8 @@ def _pick_cube(obs: torch.Tensor) -> torch.Tensor:
 
 EXPERTS.register("PushCube-v1")(Expert(obs_dim=35, act=_push_cube))
 EXPERTS.register("PickCube-v1")(Expert(obs_dim=42, act=_pick_cube))
+# the pixel task's expert reads the privileged part of its flat observation (32² images)
+EXPERTS.register("PixelTargets-v0")(Expert(obs_dim=3 * 32 * 32 + 9, act=pixel_targets.expert_action))
 
 
 @dataclass

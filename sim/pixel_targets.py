@@ -1,5 +1,5 @@
 """A batched pixel-and-language reaching task in pure torch, for VLA runs and tests on
-a CPU.
+a CPU (``PixelTargets-v0``).
 
 Each env holds a point and two targets, a red and a blue one, in the square [-1, 1]^2,
 and an instruction naming one of them ("go to the red target"). The policy sees a
@@ -9,6 +9,11 @@ only in the image and which one counts only in the instruction, so both must mat
 Dynamics, reward and episode ends are ``PointMassEnv``'s with the named target as its
 goal. The privileged observation (point, goal, goal - point: ``PointMassEnv``'s) is
 for the scripted expert and a privileged critic, never for the actor.
+
+Observations are flat float vectors (``PixelObservation.flat``: image, instruction
+index, state, privileged state), so a flow policy's rollout buffers, demonstrations
+files and behaviour cloning hold them as they hold state vectors; a pi_0 policy unpacks
+them (``omni_rl.models.pi0.FlatLayout``).
 """
 
 from __future__ import annotations
@@ -18,29 +23,49 @@ from dataclasses import dataclass
 import torch
 
 from omni_rl.sim.point_mass import PointMassEnv
+from omni_rl.sim.point_mass import expert_action as point_mass_expert
 
 COLOURS = ("red", "blue")
+INSTRUCTIONS = tuple(f"go to the {colour} target" for colour in COLOURS)
 RGB = {"red": (230, 40, 40), "blue": (40, 80, 230), "point": (255, 255, 255), "background": (30, 30, 30)}
 
 
 @dataclass
 class PixelObservation:
-    """N envs' observations.
+    """N envs' observations, unpacked.
 
     Attributes:
         images: uint8 [N, 3, S, S], one camera.
-        instructions: N strings.
+        instruction: long [N], an index into ``INSTRUCTIONS``.
         state: [N, 2] float32, the point's position.
         privileged: [N, 6] float32, point, goal, goal - point (the expert's input).
     """
 
     images: torch.Tensor
-    instructions: list[str]
+    instruction: torch.Tensor
     state: torch.Tensor
     privileged: torch.Tensor
 
-    def __len__(self) -> int:
-        return self.state.shape[0]
+    @property
+    def instructions(self) -> list[str]:
+        return [INSTRUCTIONS[i] for i in self.instruction.tolist()]
+
+    def flat(self) -> torch.Tensor:
+        """[N, 3·S·S + 1 + 2 + 6] float32: the image's values (0-255), the instruction's
+        index, the state, the privileged state, one vector per env (the layout a
+        flow policy's rollout buffers hold; ``unpack`` reverses it)."""
+        parts = [self.images.flatten(1).float(), self.instruction[:, None].float(), self.state, self.privileged]
+        return torch.cat(parts, dim=1)
+
+
+def unpack(obs: torch.Tensor, image_size: int) -> PixelObservation:
+    """``PixelObservation.flat``'s vectors [N, 3·S·S + 9] back into their parts."""
+    pixels = 3 * image_size * image_size
+    if obs.ndim != 2 or obs.shape[1] != pixels + 9:
+        raise ValueError(f"PixelTargets-v0 observations at {image_size}²: [N, {pixels + 9}], got {list(obs.shape)}")
+    images = obs[:, :pixels].round().clamp(0, 255).to(torch.uint8).view(-1, 3, image_size, image_size)
+    instruction = obs[:, pixels].round().long()
+    return PixelObservation(images, instruction, obs[:, pixels + 1 : pixels + 3], obs[:, pixels + 3 :])
 
 
 def render(points: torch.Tensor, targets: torch.Tensor, size: int, radius: float) -> torch.Tensor:
@@ -68,9 +93,12 @@ class PixelTargetsEnv(PointMassEnv):
     ``PixelObservation`` observations)."""
 
     task = "PixelTargets-v0"
+    instructions = INSTRUCTIONS
+    state_dim, privileged_dim = 2, 6
 
     def __init__(self, num_envs: int, seed: int = 0, image_size: int = 32, **point_mass):
         self.image_size = image_size
+        self.obs_dim = 3 * image_size * image_size + 1 + self.state_dim + self.privileged_dim
         super().__init__(num_envs, seed=seed, **point_mass)
         self.targets = torch.zeros(num_envs, 2, 2, device=self.device)
         self.named = torch.zeros(num_envs, dtype=torch.long, device=self.device)
@@ -89,8 +117,16 @@ class PixelTargetsEnv(PointMassEnv):
             self.named[i], self.goal[i] = named, spots[1 + named].to(self.device)
             self.steps[i] = 0
 
-    def _obs(self) -> PixelObservation:
+    def observe(self) -> PixelObservation:
+        """The envs' observations, unpacked."""
         images = render(self.point, self.targets, self.image_size, self.radius)
-        instructions = [f"go to the {COLOURS[i]} target" for i in self.named.tolist()]
         privileged = torch.cat([self.point, self.goal, self.goal - self.point], dim=1)
-        return PixelObservation(images, instructions, self.point.clone(), privileged)
+        return PixelObservation(images, self.named.clone(), self.point.clone(), privileged)
+
+    def _obs(self) -> torch.Tensor:
+        return self.observe().flat()
+
+
+def expert_action(obs: torch.Tensor, image_size: int = 32) -> torch.Tensor:
+    """The scripted expert: ``PointMassEnv``'s, on the privileged part ([N, 2])."""
+    return point_mass_expert(unpack(obs, image_size).privileged)

@@ -26,8 +26,15 @@ class FlowPolicyConfig(ModeDefaults):
         "logprob": "sum",
     }
 
+    type: Literal["mlp", "pi0"] = "mlp"
+    """The policy family: MLPs over state vectors, or pi_0 (transformers' PI0: a VLM
+    prefix over a camera image and an instruction, and an action expert; the VLM stays
+    frozen) loaded from ``path``, for envs with pixels and language (PixelTargets-v0)."""
+    path: str | None = None
+    """pi0: the checkpoint directory with its processor (a released pi_0, or what
+    ``omni-rl tiny-model --family pi0`` writes)."""
     horizon: int = 4
-    """Actions per chunk (H)."""
+    """Actions per chunk (H); pi0: its checkpoint's chunk_size."""
     executed: int = 4
     """Actions of a chunk run before the policy is queried again (h <= H)."""
     denoise_steps: int = 4
@@ -63,6 +70,13 @@ class FlowPolicyConfig(ModeDefaults):
     (unset), or their mean (RLinf). Refused with ppo.ratio element."""
 
     def __post_init__(self):
+        if self.type == "pi0":
+            require(
+                bool(self.path), "path", "name the pi0 checkpoint (omni-rl tiny-model --family pi0 writes a tiny one)"
+            )
+            require(self.encoder == "mlp", "encoder", "a pi0 policy's VLM encodes its observations; leave it unset")
+        else:
+            require(self.path is None, "path", "is read by policy.type pi0 only")
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         if self.method == "flow_noise":

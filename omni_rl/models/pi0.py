@@ -248,14 +248,57 @@ class Pi0Context:
     state: torch.Tensor
 
 
+@dataclass(frozen=True)
+class FlatLayout:
+    """How an env packs one observation into a flat float vector (what a flow policy's
+    rollout buffers and demonstrations hold): one camera's image [3, S, S] (values
+    0-255), the instruction's index into ``instructions``, the state, a privileged
+    state (``omni_rl.sim.pixel_targets``'s layout)."""
+
+    image_size: int
+    instructions: tuple[str, ...]
+    state_dim: int
+    privileged_dim: int
+
+    @property
+    def size(self) -> int:
+        return 3 * self.image_size**2 + 1 + self.state_dim + self.privileged_dim
+
+    def split(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor]:
+        """(uint8 images [N, 3, S, S], instructions, state [N, s], privileged [N, p])."""
+        if obs.ndim != 2 or obs.shape[1] != self.size:
+            raise OmniRLError(f"pi0 observations: flat vectors [N, {self.size}] ({self}), got {list(obs.shape)}")
+        pixels = 3 * self.image_size**2
+        images = obs[:, :pixels].round().clamp(0, 255).to(torch.uint8).view(-1, 3, self.image_size, self.image_size)
+        index = obs[:, pixels].round().long()
+        if bool(((index < 0) | (index >= len(self.instructions))).any()):
+            raise OmniRLError(f"pi0 observations: an instruction index outside 0..{len(self.instructions) - 1}")
+        instructions = [self.instructions[i] for i in index.tolist()]
+        state = obs[:, pixels + 1 : pixels + 1 + self.state_dim]
+        return images, instructions, state, obs[:, pixels + 1 + self.state_dim :]
+
+
 class Pi0Encoder(nn.Module):
-    """The "encoder" of a pi_0 flow policy: observations to their encoded prefix."""
+    """The "encoder" of a pi_0 flow policy: observations to their encoded prefix. Flat
+    observations (``FlatLayout``) go through the checkpoint's processor first."""
 
-    def __init__(self, backbone: Pi0Backbone):
+    def __init__(self, backbone: Pi0Backbone, processor=None, layout: FlatLayout | None = None):
         super().__init__()
-        self.backbone = backbone
+        self.backbone, self.processor, self.layout = backbone, processor, layout
 
-    def forward(self, obs: Pi0Observation) -> Pi0Context:
+    def observation(self, obs: Pi0Observation | torch.Tensor) -> Pi0Observation:
+        """``obs`` as the backbone reads it."""
+        if isinstance(obs, Pi0Observation):
+            return obs
+        if self.layout is None or self.processor is None:
+            raise OmniRLError("a pi0 policy built without a FlatLayout and processor reads Pi0Observation batches only")
+        images, instructions, state, privileged = self.layout.split(obs)
+        inputs = pi0_inputs(self.processor, images, instructions, state).to(obs.device)
+        inputs.privileged = privileged
+        return inputs
+
+    def forward(self, obs: Pi0Observation | torch.Tensor) -> Pi0Context:
+        obs = self.observation(obs)
         prefix = self.backbone.encode_prefix(
             obs.input_ids, obs.attention_mask, obs.pixel_values, obs.pixel_attention_mask
         )
@@ -283,14 +326,30 @@ class Pi0FlowPolicy(FlowPolicy):
         privileged_dim: the privileged state's size (``value_input: obs``).
     """
 
-    def __init__(self, config: FlowPolicyConfig, backbone: Pi0Backbone, privileged_dim: int = 0):
+    def __init__(
+        self,
+        config: FlowPolicyConfig,
+        backbone: Pi0Backbone,
+        privileged_dim: int = 0,
+        processor=None,
+        layout: FlatLayout | None = None,
+        env_action_dim: int | None = None,
+    ):
         nn.Module.__init__(self)
         if config.horizon != backbone.chunk:
             raise OmniRLError(
                 f"policy.horizon {config.horizon}: a pi0 policy predicts its checkpoint's chunk_size "
                 f"({backbone.chunk} actions)"
             )
+        env_action_dim = backbone.action_dim if env_action_dim is None else env_action_dim
+        if not 1 <= env_action_dim <= backbone.action_dim:
+            raise OmniRLError(
+                f"the env's {env_action_dim} action numbers do not fit the pi0 checkpoint's {backbone.action_dim}"
+            )
+        if layout is not None:
+            privileged_dim = layout.privileged_dim
         self.config, self.obs_dim, self.action_dim = config, privileged_dim, backbone.action_dim
+        self.env_action_dim = env_action_dim
         self.horizon, self.executed, self.steps = config.horizon, config.executed, config.denoise_steps
         self.method = config.method
         self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
@@ -300,17 +359,39 @@ class Pi0FlowPolicy(FlowPolicy):
         self.value_input = config.value_input or "features"  # the images are too large for a second network
         if self.value_input == "obs" and privileged_dim < 1:
             raise OmniRLError("policy.value_input obs: a pi0 critic reads a privileged state; give its size")
-        self.encoder = Pi0Encoder(backbone)
+        self.encoder = Pi0Encoder(backbone, processor, layout)
         features = backbone.feature_dim
         self.noise_net = mlp([features, config.width, backbone.action_dim])
         self.value_head = mlp([privileged_dim if self.value_input == "obs" else features, config.width, 1])
         mask = torch.zeros(self.horizon, self.action_dim)
-        mask[: self.executed] = 1.0
+        mask[: self.executed, :env_action_dim] = 1.0  # PPO's ratio reads the actions the env runs
         self.register_buffer("action_mask", mask, persistent=False)
 
     @property
     def backbone(self) -> Pi0Backbone:
         return self.encoder.backbone
+
+    def sample(self, obs, deterministic=False, generator=None, noise=None, start=None):
+        """``FlowPolicy.sample``, the actions cut to the env's numbers (pi_0 pads an
+        action to its ``max_action_dim``; the chain keeps every number)."""
+        drawn = super().sample(obs, deterministic, generator, noise, start)
+        drawn.actions = drawn.actions[..., : self.env_action_dim]
+        return drawn
+
+    def bc_loss(self, obs, actions, mask, t=None, eps=None, count=None) -> torch.Tensor:
+        """``FlowPolicy.bc_loss`` on the env's action numbers: ``actions`` and ``eps``
+        [N, H, env numbers] are zero-padded to the checkpoint's, and the loss averages
+        over the env's numbers only."""
+        pad = self.action_dim - actions.shape[-1]
+        t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
+        eps = torch.randn_like(actions) if eps is None else eps
+        actions, eps = (torch.nn.functional.pad(x, (0, pad)) for x in (actions, eps))
+        features = self.encoder(obs)
+        x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
+        error = (self.velocity(x_t, t, features) - (eps - actions))[..., : self.env_action_dim] ** 2
+        weights = mask[:, :, None].expand_as(error)
+        count = weights.sum() if count is None else torch.tensor(float(count), device=obs.device)
+        return (error * weights).sum() / count.clamp(min=1.0)
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, features: Pi0Context) -> torch.Tensor:
         """The action expert's velocity (``FlowPolicy.bc_loss`` reads it)."""
@@ -322,11 +403,11 @@ class Pi0FlowPolicy(FlowPolicy):
             return v, ode_step(x, v, self.delta), bounded_std(self.noise_net(tokens), self.sigma_min, self.sigma_max)
         return v, *sde_step(x, v, t[:, None, None], self.delta, self.noise_level)
 
-    def value(self, obs: Pi0Observation, features: Pi0Context | None) -> torch.Tensor:
+    def value(self, obs: Pi0Observation | torch.Tensor, features: Pi0Context | None) -> torch.Tensor:
         if self.value_input == "obs":
-            return self.value_head(obs.privileged).squeeze(-1)
+            return self.value_head(self.encoder.observation(obs).privileged).squeeze(-1)
         n = len(obs)
-        still = torch.zeros(n, self.horizon, self.action_dim, device=obs.device, dtype=obs.state.dtype)
+        still = torch.zeros(n, self.horizon, self.action_dim, device=obs.device, dtype=features.state.dtype)
         _, tokens = self.backbone.velocity(features.prefix, features.state, still, torch.ones(n, device=obs.device))
         return self.value_head(tokens.mean(1).detach()).squeeze(-1)
 
@@ -356,9 +437,18 @@ class Pi0FlowPolicy(FlowPolicy):
         inner = "encoder.backbone.model."
         backbone = {k.removeprefix(inner): v for k, v in weights.items() if k.startswith(inner)}
         self.backbone.model.save_pretrained(directory / "backbone", state_dict=backbone)
+        if self.encoder.processor is not None:
+            self.encoder.processor.save_pretrained(directory / "backbone")
         heads = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not k.startswith(inner)}
         save_file(heads, directory / "policy.safetensors")
-        spec = {"type": "pi0", "privileged_dim": self.obs_dim, "config": to_dict(self.config)}
+        layout = self.encoder.layout
+        spec = {
+            "type": "pi0",
+            "privileged_dim": self.obs_dim,
+            "env_action_dim": self.env_action_dim,
+            "layout": None if layout is None else {**vars(layout), "instructions": list(layout.instructions)},
+            "config": to_dict(self.config),
+        }
         (directory / "policy.json").write_text(json.dumps(spec, indent=2))
 
     @classmethod
@@ -370,7 +460,14 @@ class Pi0FlowPolicy(FlowPolicy):
             raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
         spec = json.loads((directory / "policy.json").read_text())
         config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
-        policy = cls(config, Pi0Backbone.from_pretrained(directory / "backbone"), spec["privileged_dim"])
+        layout, processor = spec["layout"], None
+        if layout is not None:
+            from transformers import AutoProcessor
+
+            layout = FlatLayout(**{**layout, "instructions": tuple(layout["instructions"])})
+            processor = AutoProcessor.from_pretrained(directory / "backbone")
+        backbone = Pi0Backbone.from_pretrained(directory / "backbone")
+        policy = cls(config, backbone, spec["privileged_dim"], processor, layout, spec["env_action_dim"])
         missing, unexpected = policy.load_state_dict(load_file(directory / "policy.safetensors"), strict=False)
         if unexpected or any(not k.startswith("encoder.backbone.") for k in missing):
             raise OmniRLError(f"{directory}: policy.safetensors does not match a pi0 policy ({unexpected or missing})")

@@ -46,6 +46,7 @@ from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
+from omni_rl.models.pi0 import FlatLayout, Pi0Backbone, Pi0FlowPolicy
 from omni_rl.recipes.common import (
     MetricsLog,
     Run,
@@ -152,13 +153,31 @@ class Progress:
         self.results = state["results"]
 
 
-def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator) -> FlowPolicy:
-    """The policy, its initial weights drawn from ``stream``."""
+def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator, env=None) -> FlowPolicy:
+    """The policy, its initial weights drawn from ``stream``; a pi0 policy reads its
+    observations' layout from ``env``."""
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(stream.get_state())
-        policy = FlowPolicy(cfg.policy, obs_dim, action_dim)
+        policy = pi0_policy(cfg, env) if cfg.policy.type == "pi0" else FlowPolicy(cfg.policy, obs_dim, action_dim)
         stream.set_state(torch.get_rng_state())
     return policy
+
+
+def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
+    """A pi_0 policy from ``policy.path`` for an env with a camera image and an
+    instruction in its flat observations (``FlatLayout``); the VLM frozen."""
+    from transformers import AutoProcessor
+
+    if not hasattr(env, "instructions"):
+        raise OmniRLError(
+            f"policy.type pi0 reads a camera image and an instruction; {cfg.env.task} observes state vectors "
+            "(PixelTargets-v0 has both)"
+        )
+    layout = FlatLayout(env.image_size, tuple(env.instructions), env.state_dim, env.privileged_dim)
+    backbone = Pi0Backbone.from_pretrained(cfg.policy.path)
+    backbone.freeze_vlm()
+    processor = AutoProcessor.from_pretrained(cfg.policy.path)
+    return Pi0FlowPolicy(cfg.policy, backbone, processor=processor, layout=layout, env_action_dim=env.action_dim)
 
 
 def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEngine:
@@ -505,7 +524,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
     envs = env_share(cfg, run)
     with closing(make_env(cfg, envs)) as env:
         progress = Progress(shared_stream(cfg))
-        policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream).to(run.device)
+        policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream, env).to(run.device)
         engine = make_engine(policy, cfg, run)
 
         # WARM START: behaviour cloning, then the held-out success RL starts from
