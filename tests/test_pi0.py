@@ -285,6 +285,7 @@ def test_bad_observations_are_refused_with_the_reason(tiny_pi0):
         pi0_inputs(processor, images, ["a"], state)
 
 
+@pytest.mark.slow
 def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0, tmp_path):
     """``policy.type: pi0`` on PixelTargets-v0: scripted demos (images and instructions
     in flat observations), behaviour cloning, two Flow-Noise PPO iterations, held-out
@@ -335,3 +336,70 @@ def test_a_pi0_policy_on_a_state_vector_task_is_refused(tiny_pi0, tmp_path):
     }
     with pytest.raises(OmniRLError, match="PointMass-v0 observes state vectors"):
         flow_ppo.train(config_from_dict(config, "test"))
+
+
+def test_a_pi0_policy_under_fsdp_is_refused_at_load(tiny_pi0):
+    from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
+
+    config = {
+        "recipe": "flow_ppo",
+        "env": {"task": "PixelTargets-v0"},
+        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5},
+        "trainer": {"strategy": "fsdp"},
+    }
+    with pytest.raises(ConfigError, match="FSDP2 not yet"):
+        config_from_dict(config, "test")
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path):
+    """torchrun, 2 processes (gloo on CPU), each with half the envs: the same weights
+    (heads and action expert) and metrics as one process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from omni_rl.config import save_config
+    from omni_rl.recipe_loader import config_from_dict
+    from omni_rl.sim.experts import collect_demos
+
+    demos = tmp_path / "demos.safetensors"
+    collect_demos("PixelTargets-v0", 4, demos, num_envs=2)
+    config = {
+        "recipe": "flow_ppo",
+        "run": {"seed": 0, "device": "cpu"},
+        "env": {"task": "PixelTargets-v0", "num_envs": 4, "max_episode_steps": 10, "ignore_terminations": False},
+        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32},
+        "bc": {"demos": str(demos), "steps": 2, "batch_size": 8},
+        "ppo": {"epochs": 1, "minibatches": 2},
+        "trainer": {"steps": 2, "eval_every": 0, "eval_episodes": 4},
+    }
+    path = tmp_path / "config.yaml"
+    save_config(config_from_dict(config, "test"), path)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1"}
+    for name, launcher in (
+        ("one", [sys.executable]),
+        ("two", [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node=2"]),
+    ):
+        command = [*launcher, "-m", "omni_rl", "train", str(path), "--set", f"run.output_dir={tmp_path / name}"]
+        if name == "two":
+            command += ["--set", "trainer.strategy=ddp"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    for part in ("policy.safetensors", "backbone/model.safetensors"):
+        one, two = (load_file(tmp_path / name / "model" / part) for name in ("one", "two"))
+        assert one.keys() == two.keys()
+        assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5, part
+
+    def rows(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "throughput/"))} for x in lines]
+
+    for got, want in zip(rows("two"), rows("one"), strict=True):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)

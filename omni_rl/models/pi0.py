@@ -371,6 +371,11 @@ class Pi0FlowPolicy(FlowPolicy):
     def backbone(self) -> Pi0Backbone:
         return self.encoder.backbone
 
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """What the actor's optimizer holds: the trainable parameters (a frozen VLM's are
+        not), the critic's aside."""
+        return [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("value_head.")]
+
     def sample(self, obs, deterministic=False, generator=None, noise=None, start=None):
         """``FlowPolicy.sample``, the actions cut to the env's numbers (pi_0 pads an
         action to its ``max_action_dim``; the chain keeps every number)."""
