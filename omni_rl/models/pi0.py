@@ -85,21 +85,12 @@ def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8):
     bytes, then ``<pad>``, ``<bos>``, ``<eos>``; the processor adds ``<image>`` and
     PaliGemma's location and segmentation tokens) and ``image_size``² images (16 tokens
     each). No state statistics: ``pi0_inputs`` passes the state as it is."""
-    from transformers import PI0ImageProcessor, PI0Processor, Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers import PI0ImageProcessor, PI0Processor
 
-    symbols = bytes_to_unicode()
+    from omni_rl.models.tokenizer import byte_level_tokenizer
+
     specials = ["<pad>", "<bos>", "<eos>"]
-    tokens = [symbols[b] for b in range(256)] + specials
-    tokenizer = Qwen2Tokenizer(
-        vocab={token: i for i, token in enumerate(tokens)},
-        merges=[],
-        unk_token=None,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-    )
-    tokenizer.add_special_tokens({"extra_special_tokens": specials}, replace_extra_special_tokens=False)
+    tokenizer = byte_level_tokenizer(specials, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
     images = PI0ImageProcessor(
         size={"max_height": image_size, "max_width": image_size},
         pad_size={"height": image_size, "width": image_size},

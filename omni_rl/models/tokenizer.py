@@ -61,24 +61,27 @@ def chat_template(spec: TokenSpec) -> str:
     )
 
 
+def byte_level_tokenizer(specials: list[str] | tuple[str, ...], **named) -> Qwen2Tokenizer:
+    """A byte-level ``Qwen2Tokenizer``: ids 0-255 are the bytes, ``specials`` follow in
+    order, all marked special; ``named``: its ``eos_token``, ``pad_token``,
+    ``bos_token``, ``extra_special_tokens``..."""
+    byte_symbols = bytes_to_unicode()
+    tokens = [byte_symbols[b] for b in range(256)] + list(specials)
+    tokenizer = Qwen2Tokenizer(vocab={token: i for i, token in enumerate(tokens)}, merges=[], unk_token=None, **named)
+    # The specials are already in the vocabulary (so their ids follow the bytes in
+    # order); registering them marks them special, so they are never split.
+    tokenizer.add_special_tokens({"extra_special_tokens": list(specials)}, replace_extra_special_tokens=False)
+    return tokenizer
+
+
 def build_tokenizer(spec: TokenSpec) -> Qwen2Tokenizer:
     """A byte-level ``Qwen2Tokenizer`` with ``spec``'s special tokens and template.
 
     Ids 0-255 are the bytes; the specials follow in ``spec.specials`` order, so the
     first special (``<|endoftext|>``) is id 256.
     """
-    byte_symbols = bytes_to_unicode()
-    tokens = [byte_symbols[b] for b in range(256)] + list(spec.specials)
-    tokenizer = Qwen2Tokenizer(
-        vocab={token: i for i, token in enumerate(tokens)},
-        merges=[],
-        unk_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=dict(spec.named),
+    tokenizer = byte_level_tokenizer(
+        spec.specials, eos_token="<|im_end|>", pad_token="<|endoftext|>", extra_special_tokens=dict(spec.named)
     )
-    # The specials are already in the vocabulary (so their ids follow the bytes in
-    # order); registering them marks them special, so they are never split.
-    tokenizer.add_special_tokens({"extra_special_tokens": list(spec.specials)}, replace_extra_special_tokens=False)
     tokenizer.chat_template = chat_template(spec)
     return tokenizer
