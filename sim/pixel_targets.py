@@ -13,7 +13,7 @@ for the scripted expert and a privileged critic, never for the actor.
 Observations are flat float vectors (``PixelObservation.flat``: image, instruction
 index, state, privileged state), so a flow policy's rollout buffers, demonstrations
 files and behaviour cloning hold them as they hold state vectors; a pi_0 policy unpacks
-them (``omni_rl.models.pi0.FlatLayout``).
+them by the env's ``layout`` (``omni_rl.models.pi0.FlatLayout``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omni_rl.models.pi0 import FlatLayout
 from omni_rl.sim.point_mass import PointMassEnv
 from omni_rl.sim.point_mass import expert_action as point_mass_expert
 
@@ -58,14 +59,14 @@ class PixelObservation:
         return torch.cat(parts, dim=1)
 
 
-def unpack(obs: torch.Tensor, image_size: int) -> PixelObservation:
+def layout(image_size: int = 32) -> FlatLayout:
+    """Where each part lies in the task's flat observations at ``image_size``²."""
+    return FlatLayout(image_size, INSTRUCTIONS, state_dim=2, privileged_dim=6)
+
+
+def unpack(obs: torch.Tensor, image_size: int = 32) -> PixelObservation:
     """``PixelObservation.flat``'s vectors [N, 3·S·S + 9] back into their parts."""
-    pixels = 3 * image_size * image_size
-    if obs.ndim != 2 or obs.shape[1] != pixels + 9:
-        raise ValueError(f"PixelTargets-v0 observations at {image_size}²: [N, {pixels + 9}], got {list(obs.shape)}")
-    images = obs[:, :pixels].round().clamp(0, 255).to(torch.uint8).view(-1, 3, image_size, image_size)
-    instruction = obs[:, pixels].round().long()
-    return PixelObservation(images, instruction, obs[:, pixels + 1 : pixels + 3], obs[:, pixels + 3 :])
+    return PixelObservation(*layout(image_size).split(obs))
 
 
 def render(points: torch.Tensor, targets: torch.Tensor, size: int, radius: float) -> torch.Tensor:
@@ -93,12 +94,10 @@ class PixelTargetsEnv(PointMassEnv):
     ``PixelObservation`` observations)."""
 
     task = "PixelTargets-v0"
-    instructions = INSTRUCTIONS
-    state_dim, privileged_dim = 2, 6
 
     def __init__(self, num_envs: int, seed: int = 0, image_size: int = 32, **point_mass):
-        self.image_size = image_size
-        self.obs_dim = 3 * image_size * image_size + 1 + self.state_dim + self.privileged_dim
+        self.image_size, self.layout = image_size, layout(image_size)
+        self.obs_dim = self.layout.size
         super().__init__(num_envs, seed=seed, **point_mass)
         self.targets = torch.zeros(num_envs, 2, 2, device=self.device)
         self.named = torch.zeros(num_envs, dtype=torch.long, device=self.device)

@@ -213,9 +213,6 @@ class Pi0Observation:
     def device(self) -> torch.device:
         return self.state.device
 
-    def __getitem__(self, index) -> Pi0Observation:
-        return Pi0Observation(*(None if v is None else v[index] for v in self._parts()))
-
     def to(self, device) -> Pi0Observation:
         return Pi0Observation(*(None if v is None else v.to(device) for v in self._parts()))
 
@@ -255,8 +252,9 @@ class FlatLayout:
     def size(self) -> int:
         return 3 * self.image_size**2 + 1 + self.state_dim + self.privileged_dim
 
-    def split(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor]:
-        """(uint8 images [N, 3, S, S], instructions, state [N, s], privileged [N, p])."""
+    def split(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(uint8 images [N, 3, S, S], instruction indices [N], state [N, s], privileged
+        [N, p])."""
         if obs.ndim != 2 or obs.shape[1] != self.size:
             raise OmniRLError(f"pi0 observations: flat vectors [N, {self.size}] ({self}), got {list(obs.shape)}")
         pixels = 3 * self.image_size**2
@@ -264,9 +262,8 @@ class FlatLayout:
         index = obs[:, pixels].round().long()
         if bool(((index < 0) | (index >= len(self.instructions))).any()):
             raise OmniRLError(f"pi0 observations: an instruction index outside 0..{len(self.instructions) - 1}")
-        instructions = [self.instructions[i] for i in index.tolist()]
         state = obs[:, pixels + 1 : pixels + 1 + self.state_dim]
-        return images, instructions, state, obs[:, pixels + 1 + self.state_dim :]
+        return images, index, state, obs[:, pixels + 1 + self.state_dim :]
 
 
 class Pi0Encoder(nn.Module):
@@ -283,7 +280,8 @@ class Pi0Encoder(nn.Module):
             return obs
         if self.layout is None or self.processor is None:
             raise OmniRLError("a pi0 policy built without a FlatLayout and processor reads Pi0Observation batches only")
-        images, instructions, state, privileged = self.layout.split(obs)
+        images, index, state, privileged = self.layout.split(obs)
+        instructions = [self.layout.instructions[i] for i in index.tolist()]
         inputs = pi0_inputs(self.processor, images, instructions, state).to(obs.device)
         inputs.privileged = privileged
         return inputs

@@ -168,12 +168,12 @@ def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
     instruction in its flat observations (``FlatLayout``); the VLM frozen."""
     from transformers import AutoProcessor
 
-    if not hasattr(env, "instructions"):
+    layout = getattr(env, "layout", None)
+    if not isinstance(layout, FlatLayout):
         raise OmniRLError(
             f"policy.type pi0 reads a camera image and an instruction; {cfg.env.task} observes state vectors "
             "(PixelTargets-v0 has both)"
         )
-    layout = FlatLayout(env.image_size, tuple(env.instructions), env.state_dim, env.privileged_dim)
     backbone = Pi0Backbone.from_pretrained(cfg.policy.path)
     backbone.freeze_vlm()
     processor = AutoProcessor.from_pretrained(cfg.policy.path)
