@@ -167,20 +167,30 @@ class FlowPolicy(nn.Module):
         super().__init__()
         self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
         horizon, width = config.horizon, config.width
-        self.horizon, self.executed, self.steps = horizon, config.executed, config.denoise_steps
-        self.method = config.method
-        self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
-        self.noise_steps = config.setting("noise_steps")
-        self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
-        self.noise_level = config.setting("noise_level")
+        self._read_sampling(config)
         self.encoder = ENCODERS.get(config.encoder)(obs_dim, width)
         features, flat, self.time_dim = self.encoder.out_dim, horizon * action_dim, 32
         self.velocity_net = mlp([flat + self.time_dim + features, width, width, flat])
         self.noise_net = mlp([flat + self.time_dim + features, width, flat])
         self.value_input = config.setting("value_input")
         self.value_head = mlp([obs_dim, width, width, 1] if self.value_input == "obs" else [features, width, 1])
-        mask = torch.zeros(horizon, action_dim)
-        mask[: self.executed] = 1.0
+        self._register_action_mask(action_dim, action_dim)
+
+    def _read_sampling(self, config: FlowPolicyConfig) -> None:
+        """The chunk's sizes and how RL samples it, from ``config`` (its mode's defaults
+        where unset)."""
+        self.horizon, self.executed, self.steps = config.horizon, config.executed, config.denoise_steps
+        self.method = config.method
+        self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
+        self.noise_steps = config.setting("noise_steps")
+        self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
+        self.noise_level = config.setting("noise_level")
+
+    def _register_action_mask(self, action_dim: int, executed_dims: int) -> None:
+        """``action_mask`` [H, D]: 1 on the numbers the env runs (the first ``executed``
+        actions' first ``executed_dims`` numbers), what PPO's ratio and entropy read."""
+        mask = torch.zeros(self.horizon, action_dim)
+        mask[: self.executed, :executed_dims] = 1.0
         self.register_buffer("action_mask", mask, persistent=False)
 
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
@@ -359,10 +369,16 @@ class FlowPolicy(nn.Module):
         _, mean, std = self._transition(x, t, features.repeat_interleave(k, dim=0))
         mean = mean.view(n, k, self.horizon, self.action_dim)
         std = std.view(n, k, self.horizon, self.action_dim)
+        return *self._chain_scores(chain, mean, std, stochastic), self.value(obs, features)
+
+    def _chain_scores(self, chain, mean, std, stochastic) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain's per-element log-likelihood [N, H, D] under the steps' ``mean`` and
+        ``std`` [N, K, H, D], and the mean entropy of its stochastic steps over the
+        numbers the env runs [N]."""
         logp = chain_logprob(chain, mean, std, stochastic, self.method == "flow_noise")
         weights = stochastic.float()[:, :, None, None] * self.action_mask
         entropy = (gaussian_entropy(std) * weights).sum(dim=(1, 2, 3)) / weights.sum(dim=(1, 2, 3)).clamp(min=1.0)
-        return logp, entropy, self.value(obs, features)
+        return logp, entropy
 
     def bc_loss(
         self,

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from omni_rl.algorithms.flow import bounded_std, chain_logprob, gaussian_entropy, ode_step, sde_step
+from omni_rl.algorithms.flow import bounded_std, ode_step, sde_step
 from omni_rl.config import build_section, to_dict
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy, mlp
@@ -339,12 +339,7 @@ class Pi0FlowPolicy(FlowPolicy):
             privileged_dim = layout.privileged_dim
         self.config, self.obs_dim, self.action_dim = config, privileged_dim, backbone.action_dim
         self.env_action_dim = env_action_dim
-        self.horizon, self.executed, self.steps = config.horizon, config.executed, config.denoise_steps
-        self.method = config.method
-        self.sde_mode, self.hybrid_step = config.setting("sde_mode"), config.setting("hybrid_step")
-        self.noise_steps = config.setting("noise_steps")
-        self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
-        self.noise_level = config.setting("noise_level")
+        self._read_sampling(config)
         self.value_input = config.value_input or "features"  # the images are too large for a second network
         if self.value_input == "obs" and privileged_dim < 1:
             raise OmniRLError("policy.value_input obs: a pi0 critic reads a privileged state; give its size")
@@ -352,9 +347,7 @@ class Pi0FlowPolicy(FlowPolicy):
         features = backbone.feature_dim
         self.noise_net = mlp([features, config.width, backbone.action_dim])
         self.value_head = mlp([privileged_dim if self.value_input == "obs" else features, config.width, 1])
-        mask = torch.zeros(self.horizon, self.action_dim)
-        mask[: self.executed, :env_action_dim] = 1.0  # PPO's ratio reads the actions the env runs
-        self.register_buffer("action_mask", mask, persistent=False)
+        self._register_action_mask(self.action_dim, env_action_dim)  # PPO reads the numbers the env runs
 
     @property
     def backbone(self) -> Pi0Backbone:
@@ -416,10 +409,7 @@ class Pi0FlowPolicy(FlowPolicy):
             means.append(mean)
             stds.append(std.expand_as(mean))
         mean, std = torch.stack(means, 1), torch.stack(stds, 1)
-        logp = chain_logprob(chain, mean, std, stochastic, self.method == "flow_noise")
-        weights = stochastic.float()[:, :, None, None] * self.action_mask
-        entropy = (gaussian_entropy(std) * weights).sum(dim=(1, 2, 3)) / weights.sum(dim=(1, 2, 3)).clamp(min=1.0)
-        return logp, entropy, self.value(obs, features)
+        return *self._chain_scores(chain, mean, std, stochastic), self.value(obs, features)
 
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone as a PI0 checkpoint in ``backbone/`` (what ``from_pretrained`` of
