@@ -254,16 +254,19 @@ def _attach_talker(args: argparse.Namespace) -> int:
     "quickstart",
     "tiny VLM on synthetic video QA: data, cache, SFT, eval, GRPO, eval (CPU, minutes); "
     "--audio: a tiny Qwen2-Audio on synthetic audio QA, the same phases; "
-    "--sim: a flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO, eval",
+    "--sim: a flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO, eval; "
+    "--vla: a tiny pi_0 reaching the target an instruction names in a camera image, the same phases",
     arg("--audio", action="store_true", help="run the audio quickstart instead"),
     arg("--sim", action="store_true", help="run the simulation quickstart instead"),
+    arg("--vla", action="store_true", help="run the VLA (pi_0) quickstart instead"),
     arg("--config", metavar="FILE", help="a quickstart config (default: built-in defaults)"),
-    overrides("--set grpo.trainer.steps=10 (--sim: --set trainer.steps=50)"),
+    overrides("--set grpo.trainer.steps=10 (--sim, --vla: --set trainer.steps=50)"),
 )
 def _quickstart(args: argparse.Namespace) -> int:
-    if args.audio and args.sim:
-        raise OmniRLError("quickstart: choose --audio or --sim, not both")
-    return _run_recipe(args, "quickstart_sim" if args.sim else "quickstart_audio" if args.audio else "quickstart")
+    chosen = [name for name in ("audio", "sim", "vla") if getattr(args, name)]
+    if len(chosen) > 1:
+        raise OmniRLError(f"quickstart: choose one of --audio, --sim and --vla, not {' and '.join(chosen)}")
+    return _run_recipe(args, f"quickstart_{chosen[0]}" if chosen else "quickstart")
 
 
 @command(

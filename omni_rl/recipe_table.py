@@ -87,6 +87,13 @@ RECIPES: tuple[Recipe, ...] = (
         command="omni-rl quickstart --sim --config",
     ),
     Recipe(
+        name="quickstart_vla",
+        config="omni_rl.demos.quickstart_vla_config:QuickstartVLAConfig",
+        runner="omni_rl.demos.quickstart_vla:main",
+        trainable=False,
+        command="omni-rl quickstart --vla --config",
+    ),
+    Recipe(
         name="quickstart_audio",
         config="omni_rl.demos.quickstart_audio_config:AudioQuickstartConfig",
         runner="omni_rl.demos.quickstart_audio:main",

@@ -38,7 +38,9 @@ def make_vec_env(
         max_episode_steps: time limit; default: the task's own.
         ignore_terminations: end episodes only at the time limit, also after success.
         **maniskill_options: ``obs_mode``, ``control_mode`` and ``reward_mode`` of a
-            ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`).
+            ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`);
+            PixelTargets-v0's controls ``blank_images`` and ``swap_instructions``
+            (``PixelTargetsEnv``).
     """
     if task in (POINT_MASS, PIXEL_TARGETS):
         return _point_mass(task, num_envs, backend, seed, max_episode_steps, ignore_terminations, maniskill_options)
@@ -71,7 +73,8 @@ def _point_mass(
 
     # the flow recipe passes a ManiSkill env section through unchanged; PointMass has no
     # observation or control modes to choose, and one reward
-    unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"})
+    controls = {"blank_images", "swap_instructions"} if task == PIXEL_TARGETS else set()
+    unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"} - controls)
     if unknown:
         raise OmniRLError(f"{task}: unexpected options {', '.join(unknown)}")
     if options.get("reward_mode", "normalized_dense") != "normalized_dense":
@@ -79,4 +82,5 @@ def _point_mass(
     device = resolve_device({"gpu": "cuda"}.get(backend, backend))
     steps = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     env = PixelTargetsEnv if task == PIXEL_TARGETS else PointMassEnv
-    return env(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps)
+    shown = {k: v for k, v in options.items() if k in controls}
+    return env(num_envs, seed=seed, device=device, ignore_terminations=ignore_terminations, **steps, **shown)

@@ -26,6 +26,9 @@ class SimEnvConfig:
     """ManiSkill's reward: dense shaping scaled to at most 1 per step, unscaled, or 1 on success."""
     max_episode_steps: int = 50
     """Episode length; one training iteration runs one episode's worth of steps per env."""
+    blank_images: bool = False
+    """PixelTargets-v0: every camera image blank (a control: what a policy learns without
+    seeing where the targets are)."""
     ignore_terminations: bool = True
     """Run episodes to the time limit even after success (judged by success_once): with a
     dense reward, ending the episode on success would pay less than hovering near it."""
@@ -33,3 +36,9 @@ class SimEnvConfig:
     def __post_init__(self):
         require(self.num_envs >= 1, "num_envs", "must be >= 1")
         require(self.max_episode_steps >= 1, "max_episode_steps", "must be >= 1")
+        require(not self.blank_images or self.task == "PixelTargets-v0", "blank_images", "PixelTargets-v0 only")
+
+    def options(self) -> dict:
+        """The env's options beyond its task, count and backend, as ``make_vec_env`` reads them."""
+        shown = {"blank_images": True} if self.blank_images else {}
+        return {"obs_mode": self.obs_mode, "control_mode": self.control_mode, "reward_mode": self.reward_mode, **shown}

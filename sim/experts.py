@@ -172,6 +172,7 @@ def collect_demos(
     num_envs: int = 2,
     backend: str = "auto",
     progress: bool = False,
+    controls: dict | None = None,
 ) -> Demos:
     """Run the task's scripted expert for ``episodes`` episodes and keep every step.
 
@@ -189,6 +190,8 @@ def collect_demos(
         num_envs: envs stepped together.
         backend: sim backend (``auto``, ``cpu`` or ``gpu``).
         progress: show a progress bar of finished episodes.
+        controls: what the policy is shown instead (PixelTargets-v0's ``blank_images``);
+            the expert reads the privileged state either way.
 
     Returns:
         The recorded :class:`Demos`.
@@ -200,7 +203,8 @@ def collect_demos(
     EXPERTS.canonical(task)  # an unknown task fails before the simulator starts
     if episodes < 1:
         raise OmniRLError(f"{task}: episodes must be at least 1, got {episodes}")
-    env = make_vec_env(task, num_envs, backend=backend, seed=seed, control_mode=CONTROL_MODE, obs_mode=OBS_MODE)
+    modes = {"control_mode": CONTROL_MODE, "obs_mode": OBS_MODE, **(controls or {})}
+    env = make_vec_env(task, num_envs, backend=backend, seed=seed, **modes)
     try:
         steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]] = [[] for _ in range(episodes)]
         success = torch.zeros(episodes, dtype=torch.bool)
@@ -224,6 +228,7 @@ def collect_demos(
     finally:
         env.close()
     info = {"task": task, "seed": seed, "num_envs": num_envs, "episode_seeds": [seed, seed + episodes]}
+    info.update(controls or {})
     demos = _stack(steps, success, info)
     if out is not None:
         save_demos(demos, out)

@@ -91,11 +91,25 @@ def render(points: torch.Tensor, targets: torch.Tensor, size: int, radius: float
 
 class PixelTargetsEnv(PointMassEnv):
     """N envs of the two-target task stepped together (``omni_rl.sim.base.VecEnv``, with
-    ``PixelObservation`` observations)."""
+    ``PixelObservation`` observations).
+
+    Two controls change what the policy is shown, never the task: ``blank_images`` (every
+    image is the empty background: where the targets are is unseen) and
+    ``swap_instructions`` (the instruction names the other target: a policy that follows
+    it goes to the wrong one)."""
 
     task = "PixelTargets-v0"
 
-    def __init__(self, num_envs: int, seed: int = 0, image_size: int = 32, **point_mass):
+    def __init__(
+        self,
+        num_envs: int,
+        seed: int = 0,
+        image_size: int = 32,
+        blank_images: bool = False,
+        swap_instructions: bool = False,
+        **point_mass,
+    ):
+        self.blank_images, self.swap_instructions = blank_images, swap_instructions
         self.image_size, self.layout = image_size, layout(image_size)
         self.obs_dim = self.layout.size
         super().__init__(num_envs, seed=seed, **point_mass)
@@ -118,9 +132,11 @@ class PixelTargetsEnv(PointMassEnv):
 
     def observe(self) -> PixelObservation:
         """The envs' observations, unpacked."""
-        images = render(self.point, self.targets, self.image_size, self.radius)
+        radius = 0.0 if self.blank_images else self.radius  # discs of radius 0 draw nothing
+        images = render(self.point, self.targets, self.image_size, radius)
         privileged = torch.cat([self.point, self.goal, self.goal - self.point], dim=1)
-        return PixelObservation(images, self.named.clone(), self.point.clone(), privileged)
+        shown = 1 - self.named if self.swap_instructions else self.named.clone()
+        return PixelObservation(images, shown, self.point.clone(), privileged)
 
     def _obs(self) -> torch.Tensor:
         return self.observe().flat()

@@ -111,7 +111,7 @@ READS = {
     "config show": ("grpo", "sft", "flow_ppo", "demo"),
     "demo": ("demo",),
     "train": ("grpo", "sft", "flow_ppo"),
-    "quickstart": ("quickstart", "quickstart_audio", "quickstart_sim"),
+    "quickstart": ("quickstart", "quickstart_audio", "quickstart_sim", "quickstart_vla"),
     "eval": ("preprocess", "protocol"),
     "preprocess": ("preprocess",),
     "cache gc": ("preprocess",),

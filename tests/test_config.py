@@ -138,6 +138,7 @@ def test_one_table_knows_every_recipe_and_its_runner():
         "quickstart",
         "quickstart_audio",
         "quickstart_sim",
+        "quickstart_vla",
         "sft",
     ]
     assert trainable() == ["flow_ppo", "grpo", "sft"]

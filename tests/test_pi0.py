@@ -86,7 +86,7 @@ def test_the_ode_chain_over_one_prefix_equals_sample_actions(tiny_pi0):
 
 def test_the_vlm_runs_once_per_observation_and_only_the_expert_learns(tiny_pi0):
     backbone = Pi0Backbone.from_pretrained(tiny_pi0)
-    backbone.freeze_vlm()
+    backbone.train_vlm(False)
     obs = observations(backbone)
     state = obs.pop("state")
     calls = []
@@ -121,7 +121,7 @@ def pi0_policy(tiny_pi0, **fields):
 
     config = build_section(FlowPolicyConfig, {"horizon": 8, "executed": 5, "width": 32, **fields}, "policy")
     policy = Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
-    policy.backbone.freeze_vlm()
+    policy.backbone.train_vlm(False)
     return policy
 
 
@@ -286,11 +286,15 @@ def test_bad_observations_are_refused_with_the_reason(tiny_pi0):
 
 
 @pytest.mark.slow
-def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0, tmp_path):
+@pytest.mark.parametrize("train_vlm", ["bc", "never"])
+def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0, tmp_path, train_vlm):
     """``policy.type: pi0`` on PixelTargets-v0: scripted demos (images and instructions
     in flat observations), behaviour cloning, two Flow-Noise PPO iterations, held-out
-    evaluation; the exported policy loads and samples as the trained one does."""
+    evaluation; the exported policy loads and samples as the trained one does. The VLM
+    trains in behaviour cloning only (``train_vlm: bc``), or never."""
     import json
+
+    from safetensors.torch import load_file
 
     from omni_rl.models.pi0 import Pi0FlowPolicy
     from omni_rl.recipe_loader import config_from_dict
@@ -303,7 +307,8 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
         "recipe": "flow_ppo",
         "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "device": "cpu"},
         "env": {"task": "PixelTargets-v0", "num_envs": 4, "max_episode_steps": 10, "ignore_terminations": False},
-        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32},
+        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32}
+        | {"train_vlm": train_vlm},
         "bc": {"demos": str(demos), "steps": 3, "batch_size": 8},
         "ppo": {"epochs": 1, "minibatches": 2, "critic_warmup": 0},
         "trainer": {"steps": 2, "eval_every": 0, "eval_episodes": 4},
@@ -316,7 +321,16 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
     assert 0 <= results["success_bc"] <= 1 and 0 <= results["success_rl"] <= 1 and results["env_steps"] == 2 * 4 * 10
     bc = [json.loads(line) for line in (out / "bc" / "metrics.jsonl").read_text().splitlines()]
     assert bc[-1]["step"] == 3 and bc[-1]["bc/loss"] > 0
+    start, trained = (load_file(path / "model.safetensors") for path in (tiny_pi0, out / "model" / "backbone"))
+    moved = {k for k in start if (trained[k] - start[k]).abs().max() > 0}  # checkpoint names: the released ones
+    assert any("gemma_expert." in k for k in moved)
+    assert any("paligemma." in k for k in moved) == (train_vlm == "bc")
     policy = Pi0FlowPolicy.from_pretrained(out / "model").eval()
+    vlm, critic = (
+        sum(p.numel() for p in ps) for ps in (policy.backbone.model.model.vlm.parameters(), policy.critic_parameters())
+    )
+    ppo_actor = results["trainable_parameters_ppo"] - critic  # PPO trains the critic too
+    assert results["trainable_parameters_bc"] == ppo_actor + (vlm if train_vlm == "bc" else 0)
     assert policy.env_action_dim == 2 and policy.encoder.layout.instructions[0] == "go to the red target"
     obs = torch.randint(0, 256, (2, policy.encoder.layout.size)).float()
     obs[:, 3 * 32 * 32] = torch.tensor([0.0, 1.0])  # the instruction indices
@@ -338,6 +352,17 @@ def test_a_pi0_policy_on_a_state_vector_task_is_refused(tiny_pi0, tmp_path):
         flow_ppo.train(config_from_dict(config, "test"))
 
 
+def test_flow_ppo_needs_the_pi0_checkpoint_and_an_mlp_policy_has_no_vlm():
+    from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import config_from_dict
+
+    pi0 = {"recipe": "flow_ppo", "env": {"task": "PixelTargets-v0"}, "policy": {"type": "pi0", "horizon": 8}}
+    with pytest.raises(ConfigError, match="policy.path: name the pi0 checkpoint"):
+        config_from_dict(pi0, "test")
+    with pytest.raises(ConfigError, match="train_vlm"):
+        config_from_dict({"recipe": "flow_ppo", "policy": {"train_vlm": "never"}}, "test")
+
+
 def test_a_pi0_policy_under_fsdp_is_refused_at_load(tiny_pi0):
     from omni_rl.errors import ConfigError
     from omni_rl.recipe_loader import config_from_dict
@@ -355,7 +380,8 @@ def test_a_pi0_policy_under_fsdp_is_refused_at_load(tiny_pi0):
 @pytest.mark.slow
 def test_two_ddp_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path):
     """torchrun, 2 processes (gloo on CPU), each with half the envs: the same weights
-    (heads and action expert) and metrics as one process."""
+    (heads, action expert, and the VLM that behaviour cloning trains) and metrics as one
+    process."""
     import json
     import os
     import subprocess
@@ -395,7 +421,13 @@ def test_two_ddp_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp
     for part in ("policy.safetensors", "backbone/model.safetensors"):
         one, two = (load_file(tmp_path / name / "model" / part) for name in ("one", "two"))
         assert one.keys() == two.keys()
-        assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5, part
+        gaps = {k: (one[k] - two[k]).abs().max().item() for k in one}
+        # an attention key bias's gradient is zero in exact arithmetic (softmax ignores a
+        # shift shared by every key), so what Adam steps on is rounding noise, scaled to
+        # the learning rate (1e-3, 2 BC steps with the VLM training): bounded, not equal
+        noise = {k for k in gaps if k.endswith("k_proj.bias")}
+        assert max(v for k, v in gaps.items() if k not in noise) < 1e-5, part
+        assert all(gaps[k] < 2 * 2e-3 for k in noise), part
 
     def rows(name):
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()

@@ -58,3 +58,36 @@ def test_render_draws_the_point_over_the_targets():
 
     assert colour(0.5, 0.5) == RGB["point"] and colour(0.66, 0.5) == RGB["red"]
     assert colour(-0.5, -0.5) == RGB["blue"] and colour(-0.9, 0.9) == RGB["background"]
+
+
+def test_the_controls_change_what_is_shown_and_not_the_task():
+    """``blank_images``: every image the empty background; ``swap_instructions``: the
+    other target named. The episodes (targets, goal, privileged state) stay the same."""
+    from omni_rl.sim import make_vec_env
+
+    plain, blank, swapped = (
+        make_vec_env("PixelTargets-v0", 6, seed=5, **controls)
+        for controls in ({}, {"blank_images": True}, {"swap_instructions": True})
+    )
+    want = unpack(plain.reset(), 32)
+    shown_blank, shown_swapped = unpack(blank.reset(), 32), unpack(swapped.reset(), 32)
+    background = torch.tensor(RGB["background"], dtype=torch.uint8)[None, :, None, None]
+    assert shown_blank.images.equal(background.expand_as(want.images)) and not want.images.equal(shown_blank.images)
+    assert shown_blank.instruction.equal(want.instruction) and shown_swapped.images.equal(want.images)
+    assert shown_swapped.instruction.equal(1 - want.instruction)
+    for shown in (shown_blank, shown_swapped):
+        assert shown.privileged.equal(want.privileged) and shown.state.equal(want.state)
+
+
+def test_the_controls_are_pixel_targets_options_only():
+    import pytest
+
+    from omni_rl.config import build_section
+    from omni_rl.errors import OmniRLError
+    from omni_rl.sim import make_vec_env
+    from omni_rl.sim.config import SimEnvConfig
+
+    with pytest.raises(OmniRLError, match="unexpected options blank_images"):
+        make_vec_env("PointMass-v0", 2, blank_images=True)
+    with pytest.raises(OmniRLError, match=r"env\.blank_images.*PixelTargets-v0 only"):
+        build_section(SimEnvConfig, {"task": "PushCube-v1", "blank_images": True}, "env")

@@ -72,6 +72,37 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
     assert "seed 3: held-out success" in out and "2 seed(s): gain" in out
 
 
+def test_vla_quickstart_small_run(tmp_path, capsys):
+    """One seed of the VLA quickstart, small: a tiny pi_0 written for the seed, demos with
+    images and instructions, BC (VLM included), PPO (expert and heads), the summary with
+    the swapped-instruction evaluation."""
+    args = ["quickstart", "--vla", "--set", f"run.output_dir={tmp_path}", "--set", "seeds=1"]
+    for override in (
+        "demo_episodes=4",
+        "model_width=32",
+        "env.num_envs=2",
+        "env.max_episode_steps=10",
+        "bc.steps=3",
+        "bc.batch_size=8",
+        "ppo.critic_warmup=0",
+        "trainer.steps=2",
+        "trainer.eval_every=0",
+        "trainer.eval_episodes=4",
+    ):
+        args += ["--set", override]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"] == "PixelTargets-v0" and [r["seed"] for r in summary["seeds"]] == [0]
+    (run,) = summary["seeds"]
+    for key in ("success_bc", "success_rl", "success_rl_swapped"):
+        assert run[f"{key}_ci95"][0] <= run[key] <= run[f"{key}_ci95"][1]
+    assert (tmp_path / "seed_0" / "pi0_tiny" / "config.json").is_file()
+    assert (tmp_path / "seed_0" / "flow_ppo" / "model" / "backbone" / "model.safetensors").is_file()
+    rows = [json.loads(x) for x in (tmp_path / "seed_0" / "flow_ppo" / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [0, 1, 2] and "eval/success" in rows[-1]
+    assert "shown the other target's name" in capsys.readouterr().out
+
+
 def test_audio_quickstart_small_run(tmp_path, capsys):
     args = ["quickstart", "--audio", "--set", f"run.output_dir={tmp_path}"]
     for override in (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omni_rl.config import build_config, save_config, to_dict
@@ -29,6 +30,11 @@ DEMO_SEED_STRIDE = 10_000
 
 def main(cfg: QuickstartSimConfig) -> dict:
     """Run the simulation quickstart; returns (and writes) its summary."""
+    return run_seeds(cfg, run_seed)
+
+
+def run_seeds(cfg: QuickstartSimConfig, one_seed: Callable[[QuickstartSimConfig, int, Path], dict]) -> dict:
+    """``one_seed`` for each training seed, in ``seed_S/``; the summary over them."""
     started = time.perf_counter()
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -36,7 +42,7 @@ def main(cfg: QuickstartSimConfig) -> dict:
     runtime = apply_run_settings(cfg.run)
     runs = []
     for seed in range(cfg.run.seed, cfg.run.seed + cfg.seeds):
-        runs.append(run_seed(cfg, seed, out / f"seed_{seed}"))
+        runs.append(one_seed(cfg, seed, out / f"seed_{seed}"))
         print(
             f"{cfg.env.task} seed {seed}: held-out success {runs[-1]['success_bc']:.3f} after BC, "
             f"{runs[-1]['success_rl']:.3f} after RL (lowest on the way {runs[-1]['lowest_eval']:.3f})"
@@ -63,8 +69,9 @@ def main(cfg: QuickstartSimConfig) -> dict:
     return summary
 
 
-def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path) -> dict:
-    """Demos, BC and PPO with training seed ``seed`` in ``out``; that run's results."""
+def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path, policy: dict | None = None) -> dict:
+    """Demos, BC and PPO with training seed ``seed`` in ``out``; that run's results.
+    ``policy``: fields that replace the config's ``policy:`` ones."""
     demos = out / "demos.safetensors"
     collect_demos(
         cfg.env.task,
@@ -73,8 +80,9 @@ def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path) -> dict:
         seed=demo_seed(seed),
         num_envs=cfg.env.num_envs,
         backend=cfg.env.backend,
+        controls={"blank_images": True} if cfg.env.blank_images else None,
     )
-    result = flow_ppo.train(train_config(cfg, seed, out / "flow_ppo", demos))
+    result = flow_ppo.train(train_config(cfg, seed, out / "flow_ppo", demos, policy))
     rows = [json.loads(line) for line in (out / "flow_ppo" / "metrics.jsonl").read_text().splitlines() if line]
     from omni_rl.plots import plot_metrics
 
@@ -94,12 +102,16 @@ def demo_seed(seed: int) -> int:
     return DEMO_SEED + DEMO_SEED_STRIDE * seed
 
 
-def train_config(cfg: QuickstartSimConfig, seed: int, out: Path, demos: Path) -> FlowPPOConfig:
-    """The flow_ppo recipe's config of training seed ``seed``: the quickstart's sections."""
+def train_config(
+    cfg: QuickstartSimConfig, seed: int, out: Path, demos: Path, policy: dict | None = None
+) -> FlowPPOConfig:
+    """The flow_ppo recipe's config of training seed ``seed``: the quickstart's sections,
+    ``policy`` replacing fields of its ``policy:``."""
     return build_config(
         FlowPPOConfig,
         {
-            **{k: to_dict(getattr(cfg, k)) for k in ("env", "policy", "ppo", "trainer")},
+            **{k: to_dict(getattr(cfg, k)) for k in ("env", "ppo", "trainer")},
+            "policy": {**to_dict(cfg.policy), **(policy or {})},
             "run": {**to_dict(cfg.run), "seed": seed, "output_dir": str(out), "overwrite": True},
             "bc": {**to_dict(cfg.bc), "demos": str(demos)},
         },

@@ -24,15 +24,20 @@ class FlowPolicyConfig(ModeDefaults):
         "hybrid_step": "last",
         "value_input": "obs",
         "logprob": "sum",
+        "train_vlm": "bc",
     }
 
     type: Literal["mlp", "pi0"] = "mlp"
     """The policy family: MLPs over state vectors, or pi_0 (transformers' PI0: a VLM
-    prefix over a camera image and an instruction, and an action expert; the VLM stays
-    frozen) loaded from ``path``, for envs with pixels and language (PixelTargets-v0)."""
+    prefix over a camera image and an instruction, and an action expert) loaded from
+    ``path``, for envs with pixels and language (PixelTargets-v0)."""
     path: str | None = None
     """pi0: the checkpoint directory with its processor (a released pi_0, or what
-    ``omni-rl tiny-model --family pi0`` writes)."""
+    ``omni-rl tiny-model --family pi0`` writes); flow_ppo needs it, the VLA quickstart
+    writes a tiny one when it is unset."""
+    train_vlm: Literal["never", "bc", "always"] | None = None
+    """pi0: when the VLM trains beside the action expert and heads: never, in behaviour
+    cloning only (unset: pi_0's fine-tuning, then pi_RL's RL on the expert), or in both."""
     horizon: int = 4
     """Actions per chunk (H); pi0: its checkpoint's chunk_size."""
     executed: int = 4
@@ -71,12 +76,10 @@ class FlowPolicyConfig(ModeDefaults):
 
     def __post_init__(self):
         if self.type == "pi0":
-            require(
-                bool(self.path), "path", "name the pi0 checkpoint (omni-rl tiny-model --family pi0 writes a tiny one)"
-            )
             require(self.encoder == "mlp", "encoder", "a pi0 policy's VLM encodes its observations; leave it unset")
         else:
             require(self.path is None, "path", "is read by policy.type pi0 only")
+            require_unset({"train_vlm": self.train_vlm}, "type: mlp (no VLM)")
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         if self.method == "flow_noise":

@@ -6,8 +6,9 @@ The prefix is encoded once per observation (``encode_prefix``) and every denoisi
 runs only the action expert over its cache (``Pi0Backbone.velocity``), which also returns
 the expert's output tokens: what a noise head and a critic read. The time convention
 is the project's (t from 1 at noise to 0 at data, x_t = t·ε + (1-t)·a, velocity ε - a),
-so ``omni_rl.algorithms.flow`` steps it unchanged. By default the VLM is frozen and the
-expert, its state and action projections train (``Pi0Backbone.freeze_vlm``).
+so ``omni_rl.algorithms.flow`` steps it unchanged. Whether the VLM trains is switched
+per phase (``Pi0Backbone.train_vlm``); the expert, its state and action projections
+always train.
 """
 
 from __future__ import annotations
@@ -150,9 +151,10 @@ class Pi0Backbone(nn.Module):
 
         return cls(PI0ForConditionalGeneration.from_pretrained(path, **kwargs))
 
-    def freeze_vlm(self) -> None:
-        """Only the action expert and its projections train (pi_RL's setting)."""
-        self.model.model.vlm.requires_grad_(False)
+    def train_vlm(self, on: bool) -> None:
+        """Whether the VLM (vision tower, projector, language model) trains; the action
+        expert and its projections always do. Off is pi_RL's RL setting."""
+        self.model.model.vlm.requires_grad_(on)
 
     def encode_prefix(
         self,

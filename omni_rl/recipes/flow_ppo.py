@@ -120,12 +120,10 @@ def make_env(cfg: FlowPPOConfig, envs: EnvShare):
         e.task,
         envs.count,
         backend=e.backend,
-        obs_mode=e.obs_mode,
-        control_mode=e.control_mode,
-        reward_mode=e.reward_mode,
         seed=cfg.run.seed + envs.start,
         max_episode_steps=e.max_episode_steps,
         ignore_terminations=e.ignore_terminations,
+        **e.options(),
     )
 
 
@@ -165,7 +163,8 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
 
 def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
     """A pi_0 policy from ``policy.path`` for an env with a camera image and an
-    instruction in its flat observations (``FlatLayout``); the VLM frozen."""
+    instruction in its flat observations (``FlatLayout``); its VLM frozen until a phase
+    that trains it (``vlm_trains``)."""
     from transformers import AutoProcessor
 
     layout = getattr(env, "layout", None)
@@ -175,9 +174,15 @@ def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
             "(PixelTargets-v0 has both)"
         )
     backbone = Pi0Backbone.from_pretrained(cfg.policy.path)
-    backbone.freeze_vlm()
+    backbone.train_vlm(False)
     processor = AutoProcessor.from_pretrained(cfg.policy.path)
     return Pi0FlowPolicy(cfg.policy, backbone, processor=processor, layout=layout, env_action_dim=env.action_dim)
+
+
+def vlm_trains(cfg: FlowPPOConfig, phase: str) -> bool:
+    """Whether a pi0 policy's VLM trains in ``phase`` (bc or ppo): ``policy.train_vlm``."""
+    when = cfg.policy.setting("train_vlm")
+    return when == "always" or when == phase
 
 
 def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEngine:
@@ -525,11 +530,15 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
     with closing(make_env(cfg, envs)) as env:
         progress = Progress(shared_stream(cfg))
         policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream, env).to(run.device)
+        cloning = run.resume_from is None and bool(cfg.bc.demos)
+        if isinstance(policy, Pi0FlowPolicy):  # what trains: the phase's parameters
+            policy.backbone.train_vlm(vlm_trains(cfg, "bc" if cloning else "ppo"))
         engine = make_engine(policy, cfg, run)
 
         # WARM START: behaviour cloning, then the held-out success RL starts from
         if run.resume_from is None:
-            if cfg.bc.demos:
+            if cloning:
+                progress.results["trainable_parameters_bc"] = sum(p.numel() for p in engine.params)
                 check_demo_seeds(cfg.bc.demos, t.eval_seed, t.eval_episodes)
                 bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
                 progress.results["bc_loss"] = behaviour_clone(engine, cfg, run, progress.stream, bc_log)
@@ -537,7 +546,11 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
             start_eval = evaluate_policy(engine, env, envs, cfg)
             progress.results.update(interval_summary("success_bc", start_eval), backend=env.backend)
         # PPO's optimizer; a resumed run restores it, the weights, the stream and the results
+        if isinstance(policy, Pi0FlowPolicy):
+            policy.backbone.train_vlm(vlm_trains(cfg, "ppo"))
         use_ppo_optimizer(engine, cfg)
+        if run.resume_from is None:
+            progress.results["trainable_parameters_ppo"] = sum(p.numel() for p in engine.params)
         log, bar = resume_steps(cfg, run, engine, progress, "flow_ppo")
         if run.resume_from is None:
             log.log({"step": 0, **{f"eval/{k}": v for k, v in start_eval.items()}}, force=True)

@@ -220,6 +220,9 @@ class FlowPPOConfig:
         check_policy_and_ppo(self.policy, self.ppo)
         if self.ppo.critic_free and self.env.num_envs % self.ppo.setting("group_size"):
             raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")
+        if self.policy.type == "pi0" and not self.policy.path:
+            why = "name the pi0 checkpoint (omni-rl tiny-model --family pi0 writes a tiny one)"
+            raise FieldError("policy.path", why)
         if self.policy.type == "pi0" and self.trainer.strategy == "fsdp":
             # its checkpoint save fails in get_optimizer_state_dict (KeyError on a parameter id)
             raise FieldError("trainer.strategy", "policy.type pi0 runs in one process or under DDP; FSDP2 not yet")

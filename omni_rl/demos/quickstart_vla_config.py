@@ -1,0 +1,55 @@
+"""The VLA quickstart's config (``omni-rl quickstart --vla``): the simulation
+quickstart's sections with a tiny pi_0 on PixelTargets-v0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omni_rl.config import require
+from omni_rl.demos.quickstart_sim_config import QuickstartSimConfig
+from omni_rl.models.flow_policy_config import FlowPolicyConfig
+from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConfig, flow_trainer
+from omni_rl.runtime import RunConfig
+from omni_rl.sim.config import SimEnvConfig
+
+
+@dataclass
+class QuickstartVLAConfig(QuickstartSimConfig):
+    """``omni-rl quickstart --vla``: scripted demos with images and instructions, behaviour
+    cloning of a tiny pi_0 to a partial start (its VLM fine-tuned too), Flow-Noise PPO
+    of the action expert and heads, held-out success before and after, and the trained
+    policy shown the other target's name (``success_rl_swapped``)."""
+
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(name="quickstart_vla", output_dir="runs/quickstart_vla", threads=2)
+    )
+    """Output directory, seed and hardware."""
+    demo_episodes: int = 2048
+    """Expert episodes collected for the warm start (a few seconds; behaviour cloning's
+    ``bc.steps`` sets how far the start gets)."""
+    model_width: int = 64
+    """Hidden width of the tiny pi_0 written per seed when ``policy.path`` is unset."""
+    env: SimEnvConfig = field(
+        default_factory=lambda: SimEnvConfig(
+            task="PixelTargets-v0", num_envs=16, backend="cpu", max_episode_steps=30, ignore_terminations=False
+        )
+    )
+    """The environments (``env.blank_images=true``: the no-vision control)."""
+    policy: FlowPolicyConfig = field(
+        default_factory=lambda: FlowPolicyConfig(type="pi0", horizon=8, executed=5, width=64)
+    )
+    """The policy: pi_0 (unset ``path``: a tiny random one per seed, seeded by it)."""
+    ppo: PPOConfig = field(
+        default_factory=lambda: PPOConfig(actor_lr=1e-4, critic_lr=1e-3, critic_warmup=5, epochs=2, minibatches=4)
+    )
+    """The update."""
+    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=40, eval_every=10))
+    """The loop (held-out success on ``eval_episodes`` seeds)."""
+    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=300))
+    """Behaviour cloning (its ``demos`` is the collected file)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.policy.type == "pi0", "policy.type", "the VLA quickstart trains a pi0 policy")
+        require(self.env.task == "PixelTargets-v0", "env.task", "the VLA quickstart runs PixelTargets-v0")
+        require(self.model_width >= 32 and self.model_width % 32 == 0, "model_width", "must be a multiple of 32")
