@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.omni-rl-setup
 
-.PHONY: setup test lint demo demo-audio demo-sim clean
+.PHONY: setup test lint demo demo-audio demo-sim demo-vla clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ demo-audio: setup
 # A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 40 minutes).
 demo-sim: setup
 	$(BIN)/omni-rl quickstart --sim
+
+# A tiny pi_0 reaching the target an instruction names in a camera image: demos, BC, Flow-Noise PPO (3 seeds, about 35 minutes).
+demo-vla: setup
+	$(BIN)/omni-rl quickstart --vla
 
 clean:
 	rm -rf $(VENV) .vulkan runs build dist *.egg-info .pytest_cache .ruff_cache

@@ -607,6 +607,13 @@ def _rewards_score(args: argparse.Namespace) -> int:
     ),
     arg("--num-envs", type=int, default=2, metavar="K", help="envs stepped together (CPU: one process each)"),
     arg("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="simulator backend (auto: gpu with CUDA)"),
+    arg(
+        "--action-scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="the expert's actions times S (below 1: a slower demonstrator, which RL can beat)",
+    ),
 )
 def _sim_collect_demos(args: argparse.Namespace) -> int:
     from omni_rl.runtime import set_threads
@@ -614,7 +621,14 @@ def _sim_collect_demos(args: argparse.Namespace) -> int:
 
     set_threads()
     demos = collect_demos(
-        args.task, args.episodes, args.out, args.seed, args.num_envs, backend=args.backend, progress=True
+        args.task,
+        args.episodes,
+        args.out,
+        args.seed,
+        args.num_envs,
+        backend=args.backend,
+        progress=True,
+        action_scale=args.action_scale,
     )
     rate = demos.meta["success_rate"]
     print(f"wrote {args.episodes} episodes ({len(demos.obs)} steps, success rate {rate:.2f}) to {args.out}")

@@ -150,7 +150,8 @@ class Demos:
         step: [T] int64, the step's index within its episode.
         success: [E] bool, whether each episode solved the task at some step.
         meta: task, control_mode, obs_mode, episodes, success_rate, seed, num_envs and
-            episode_seeds ([first, end): episode e was seeded first + e).
+            episode_seeds ([first, end): episode e was seeded first + e), action_scale and
+            the controls the policy was shown.
     """
 
     obs: torch.Tensor
@@ -173,6 +174,7 @@ def collect_demos(
     backend: str = "auto",
     progress: bool = False,
     controls: dict | None = None,
+    action_scale: float = 1.0,
 ) -> Demos:
     """Run the task's scripted expert for ``episodes`` episodes and keep every step.
 
@@ -192,6 +194,8 @@ def collect_demos(
         progress: show a progress bar of finished episodes.
         controls: what the policy is shown instead (PixelTargets-v0's ``blank_images``);
             the expert reads the privileged state either way.
+        action_scale: the expert's actions times this (below 1: a demonstrator slower
+            than the task allows, whose clone RL can beat); recorded in ``meta``.
 
     Returns:
         The recorded :class:`Demos`.
@@ -203,6 +207,8 @@ def collect_demos(
     EXPERTS.canonical(task)  # an unknown task fails before the simulator starts
     if episodes < 1:
         raise OmniRLError(f"{task}: episodes must be at least 1, got {episodes}")
+    if not 0 < action_scale <= 1:
+        raise OmniRLError(f"{task}: action_scale must be in (0, 1], got {action_scale}")
     modes = {"control_mode": CONTROL_MODE, "obs_mode": OBS_MODE, **(controls or {})}
     env = make_vec_env(task, num_envs, backend=backend, seed=seed, **modes)
     try:
@@ -213,7 +219,7 @@ def collect_demos(
                 obs = env.reset(seed=[seed + first + i for i in range(num_envs)])
                 playing = [first + i < episodes for i in range(num_envs)]  # the env's round episode runs
                 while any(playing):
-                    actions = expert_action(task, obs)
+                    actions = action_scale * expert_action(task, obs)
                     result = env.step(actions)
                     rewards = result.reward.cpu()
                     for i in range(num_envs):
@@ -228,7 +234,7 @@ def collect_demos(
     finally:
         env.close()
     info = {"task": task, "seed": seed, "num_envs": num_envs, "episode_seeds": [seed, seed + episodes]}
-    info.update(controls or {})
+    info.update(controls or {}, action_scale=action_scale)
     demos = _stack(steps, success, info)
     if out is not None:
         save_demos(demos, out)

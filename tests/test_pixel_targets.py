@@ -91,3 +91,12 @@ def test_the_controls_are_pixel_targets_options_only():
         make_vec_env("PointMass-v0", 2, blank_images=True)
     with pytest.raises(OmniRLError, match=r"env\.blank_images.*PixelTargets-v0 only"):
         build_section(SimEnvConfig, {"task": "PushCube-v1", "blank_images": True}, "env")
+
+
+def test_a_slower_demonstrator_records_scaled_actions_and_says_so():
+    from omni_rl.sim.experts import collect_demos
+
+    full, slow = (collect_demos("PixelTargets-v0", 2, seed=7, action_scale=scale) for scale in (1.0, 0.5))
+    assert slow.meta["action_scale"] == 0.5 and full.meta["action_scale"] == 1.0
+    assert slow.obs[0].equal(full.obs[0]) and torch.allclose(slow.actions[0], 0.5 * full.actions[0])
+    assert len(slow.obs) > len(full.obs)  # the slow one takes more steps to the same targets

@@ -81,6 +81,7 @@ def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path, policy: dict | None
         num_envs=cfg.env.num_envs,
         backend=cfg.env.backend,
         controls={"blank_images": True} if cfg.env.blank_images else None,
+        action_scale=cfg.demo_action_scale,
     )
     result = flow_ppo.train(train_config(cfg, seed, out / "flow_ppo", demos, policy))
     rows = [json.loads(line) for line in (out / "flow_ppo" / "metrics.jsonl").read_text().splitlines() if line]

@@ -26,6 +26,9 @@ class QuickstartSimConfig:
     demo_episodes: int = 10
     """Expert episodes collected for the warm start (from seeds the evaluation never uses;
     10 clone to about half the held-out episodes solved)."""
+    demo_action_scale: float = 1.0
+    """The scripted expert's actions times this (below 1: a demonstrator slower than the
+    task allows, whose clone RL can beat)."""
     env: SimEnvConfig = field(default_factory=lambda: SimEnvConfig(task="PushCube-v1", num_envs=8, backend="cpu"))
     """The environments."""
     policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
@@ -51,5 +54,6 @@ class QuickstartSimConfig:
 
     def __post_init__(self):
         require(self.demo_episodes >= 1, "demo_episodes", "must be >= 1")
+        require(0 < self.demo_action_scale <= 1, "demo_action_scale", "must be in (0, 1]")
         require(self.seeds >= 1, "seeds", "must be >= 1")
         check_policy_and_ppo(self.policy, self.ppo)

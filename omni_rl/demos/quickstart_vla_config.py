@@ -27,6 +27,10 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     demo_episodes: int = 2048
     """Expert episodes collected for the warm start (a few seconds; behaviour cloning's
     ``bc.steps`` sets how far the start gets)."""
+    demo_action_scale: float = 0.25
+    """The expert moves at a quarter of the speed the task allows: its clone reaches the
+    named target too slowly for the time limit about half the time, and RL, which
+    sees the limit, learns to go faster."""
     model_width: int = 64
     """Hidden width of the tiny pi_0 written per seed when ``policy.path`` is unset."""
     env: SimEnvConfig = field(
@@ -36,17 +40,19 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     )
     """The environments (``env.blank_images=true``: the no-vision control)."""
     policy: FlowPolicyConfig = field(
-        default_factory=lambda: FlowPolicyConfig(type="pi0", horizon=8, executed=5, width=64)
+        default_factory=lambda: FlowPolicyConfig(type="pi0", horizon=8, executed=5, width=64, value_input="obs")
     )
-    """The policy: pi_0 (unset ``path``: a tiny random one per seed, seeded by it)."""
+    """The policy: pi_0 (unset ``path``: a tiny random one per seed, seeded by it), its
+    critic on the env's privileged state (point and goal), which the actor never sees."""
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(actor_lr=1e-4, critic_lr=1e-3, critic_warmup=5, epochs=2, minibatches=4)
     )
     """The update."""
-    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=40, eval_every=10))
+    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=100, eval_every=20))
     """The loop (held-out success on ``eval_episodes`` seeds)."""
-    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=300))
-    """Behaviour cloning (its ``demos`` is the collected file)."""
+    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=1500))
+    """Behaviour cloning (its ``demos`` is the collected file): 1,500 steps, past where
+    the clone starts to follow the instruction (docs/getting-started/quickstart-vla.md)."""
 
     def __post_init__(self):
         super().__post_init__()
