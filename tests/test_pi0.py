@@ -357,7 +357,7 @@ def test_flow_ppo_needs_the_pi0_checkpoint_and_an_mlp_policy_has_no_vlm():
     from omni_rl.recipe_loader import config_from_dict
 
     pi0 = {"recipe": "flow_ppo", "env": {"task": "PixelTargets-v0"}, "policy": {"type": "pi0", "horizon": 8}}
-    with pytest.raises(ConfigError, match="policy.path: name the pi0 checkpoint"):
+    with pytest.raises(ConfigError, match=r"policy\.path: name the pi0 checkpoint"):
         config_from_dict(pi0, "test")
     with pytest.raises(ConfigError, match="train_vlm"):
         config_from_dict({"recipe": "flow_ppo", "policy": {"train_vlm": "never"}}, "test")
