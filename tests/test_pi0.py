@@ -228,6 +228,52 @@ def test_a_saved_policy_loads_and_samples_the_same(tiny_pi0, tmp_path):
     torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
 
 
+def test_vlm_adapters_train_in_the_vlms_place_and_export_merged(tiny_pi0, tmp_path):
+    """``policy.vlm_lora``: where the VLM trains only its language model's adapters do
+    (the expert always); the exported checkpoint, the adapters merged into plain
+    weights, loads without peft and samples what the adapted policy samples."""
+    from omni_rl.models.pi0 import Pi0FlowPolicy
+
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    policy = pi0_policy(tiny_pi0, type="pi0", train_vlm="bc", vlm_lora=lora)
+    policy.backbone.add_vlm_lora(policy.config.vlm_lora)
+    policy.backbone.train_vlm(True)
+    vlm = {name for name, p in policy.backbone.model.model.vlm.named_parameters() if p.requires_grad}
+    assert vlm and all("language_model" in name and ".lora_" in name for name in vlm)
+    assert {name.split(".")[-4] for name in vlm} == {"q_proj", "v_proj"}  # X.lora_A.default.weight
+    assert any(p.requires_grad for p in policy.backbone.model.model.dit.parameters())
+    policy.backbone.train_vlm(False)
+    assert not any(p.requires_grad for p in policy.backbone.model.model.vlm.parameters())
+    with torch.no_grad():  # B starts at zero: move it so the adapters change the outputs
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    policy.eval()
+    obs = pi0_observations(policy)
+    noise = policy.noise(3, torch.Generator().manual_seed(6))
+    adapted = policy.sample(obs, noise=noise).actions
+    policy.save_pretrained(tmp_path / "policy")
+    again = Pi0FlowPolicy.from_pretrained(tmp_path / "policy").eval()
+    assert not any(".lora_" in name for name, _ in again.named_parameters())
+    torch.testing.assert_close(again.sample(obs, noise=noise).actions, adapted, atol=1e-5, rtol=1e-5)
+    plain = pi0_policy(tiny_pi0).eval()
+    plain.load_state_dict(
+        {k: v for k, v in again.state_dict().items() if not k.startswith("encoder.backbone.")}, strict=False
+    )
+    assert (plain.sample(obs, noise=noise).actions - adapted).abs().max() > 1e-3  # the adapters mattered
+
+
+def test_vlm_adapters_need_a_pi0_vlm_that_trains():
+    from omni_rl.config import build_section
+    from omni_rl.errors import ConfigError
+    from omni_rl.models.flow_policy_config import FlowPolicyConfig
+
+    with pytest.raises(ConfigError, match="vlm_lora: does nothing under type: mlp"):
+        build_section(FlowPolicyConfig, {"vlm_lora": {"rank": 4}}, "policy")
+    with pytest.raises(ConfigError, match="vlm_lora: does nothing under train_vlm: never"):
+        build_section(FlowPolicyConfig, {"type": "pi0", "train_vlm": "never", "vlm_lora": {"rank": 4}}, "policy")
+
+
 def test_a_horizon_other_than_the_checkpoints_chunk_is_refused(tiny_pi0):
     with pytest.raises(OmniRLError, match="chunk_size"):
         pi0_policy(tiny_pi0, horizon=4, executed=4)
@@ -286,21 +332,24 @@ def test_bad_observations_are_refused_with_the_reason(tiny_pi0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("train_vlm", ["bc", "never"])
+@pytest.mark.parametrize("train_vlm", ["bc", "never", "bc_lora"])
 def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0, tmp_path, train_vlm):
     """``policy.type: pi0`` on PixelTargets-v0: scripted demos (images and instructions
     in flat observations), behaviour cloning, two Flow-Noise PPO iterations, held-out
     evaluation; the exported policy loads and samples as the trained one does. The VLM
-    trains in behaviour cloning only (``train_vlm: bc``), or never."""
+    trains in behaviour cloning only (``train_vlm: bc``), or never, or its adapters do
+    (``bc_lora``: the export merges them into the query and value projections)."""
     import json
 
     from safetensors.torch import load_file
 
+    from omni_rl.models.config import LoRAConfig
     from omni_rl.models.pi0 import Pi0FlowPolicy
     from omni_rl.recipe_loader import config_from_dict
     from omni_rl.recipes import flow_ppo
     from omni_rl.sim.experts import collect_demos
 
+    lora = {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}
     demos = tmp_path / "demos.safetensors"
     collect_demos("PixelTargets-v0", 4, demos, num_envs=2)
     config = {
@@ -308,7 +357,7 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
         "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "device": "cpu"},
         "env": {"task": "PixelTargets-v0", "num_envs": 4, "max_episode_steps": 10, "ignore_terminations": False},
         "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32}
-        | {"train_vlm": train_vlm},
+        | ({"train_vlm": "bc", "vlm_lora": lora} if train_vlm == "bc_lora" else {"train_vlm": train_vlm}),
         "bc": {"demos": str(demos), "steps": 3, "batch_size": 8},
         "ppo": {"epochs": 1, "minibatches": 2, "critic_warmup": 0},
         "trainer": {"steps": 2, "eval_every": 0, "eval_episodes": 4},
@@ -324,13 +373,20 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
     start, trained = (load_file(path / "model.safetensors") for path in (tiny_pi0, out / "model" / "backbone"))
     moved = {k for k in start if (trained[k] - start[k]).abs().max() > 0}  # checkpoint names: the released ones
     assert any("gemma_expert." in k for k in moved)
-    assert any("paligemma." in k for k in moved) == (train_vlm == "bc")
+    vlm_moved = {k for k in moved if "paligemma." in k}
+    assert bool(vlm_moved) == (train_vlm != "never")
+    if train_vlm == "bc_lora":
+        assert all("language_model" in k and k.endswith(("q_proj.weight", "v_proj.weight")) for k in vlm_moved)
     policy = Pi0FlowPolicy.from_pretrained(out / "model").eval()
-    vlm, critic = (
-        sum(p.numel() for p in ps) for ps in (policy.backbone.model.model.vlm.parameters(), policy.critic_parameters())
-    )
-    ppo_actor = results["trainable_parameters_ppo"] - critic  # PPO trains the critic too
-    assert results["trainable_parameters_bc"] == ppo_actor + (vlm if train_vlm == "bc" else 0)
+    adapted = Pi0Backbone.from_pretrained(tiny_pi0)
+    adapted.add_vlm_lora(LoRAConfig(**lora))
+    vlm = {
+        "bc": sum(p.numel() for p in policy.backbone.model.model.vlm.parameters()),
+        "never": 0,
+        "bc_lora": sum(p.numel() for name, p in adapted.named_parameters() if ".lora_" in name),
+    }[train_vlm]
+    ppo_actor = results["trainable_parameters_ppo"] - sum(p.numel() for p in policy.critic_parameters())
+    assert results["trainable_parameters_bc"] == ppo_actor + vlm  # PPO trains the critic too, never the VLM
     assert policy.env_action_dim == 2 and policy.encoder.layout.instructions[0] == "go to the red target"
     obs = torch.randint(0, 256, (2, policy.encoder.layout.size)).float()
     obs[:, 3 * 32 * 32] = torch.tensor([0.0, 1.0])  # the instruction indices

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from omni_rl.config import ModeDefaults, require, require_unset
+from omni_rl.models.config import LoRAConfig
 
 
 @dataclass
@@ -38,6 +39,10 @@ class FlowPolicyConfig(ModeDefaults):
     train_vlm: Literal["never", "bc", "always"] | None = None
     """pi0: when the VLM trains beside the action expert and heads: never, in behaviour
     cloning only (unset: pi_0's fine-tuning, then pi_RL's RL on the expert), or in both."""
+    vlm_lora: LoRAConfig | None = None
+    """pi0: where the VLM trains (``train_vlm``), low-rank adapters (peft) on its language
+    model's ``target_modules`` train instead of its weights; the exported checkpoint
+    holds the merged weights. None: the VLM's weights themselves train."""
     horizon: int = 4
     """Actions per chunk (H); pi0: its checkpoint's chunk_size."""
     executed: int = 4
@@ -76,10 +81,14 @@ class FlowPolicyConfig(ModeDefaults):
 
     def __post_init__(self):
         if self.type == "pi0":
+            never = "train_vlm: never (the VLM never trains)"
+            require(
+                self.vlm_lora is None or self.setting("train_vlm") != "never", "vlm_lora", f"does nothing under {never}"
+            )
             require(self.encoder == "mlp", "encoder", "a pi0 policy's VLM encodes its observations; leave it unset")
         else:
             require(self.path is None, "path", "is read by policy.type pi0 only")
-            require_unset({"train_vlm": self.train_vlm}, "type: mlp (no VLM)")
+            require_unset({"train_vlm": self.train_vlm, "vlm_lora": self.vlm_lora}, "type: mlp (no VLM)")
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")
         if self.method == "flow_noise":

@@ -24,6 +24,7 @@ from torch import nn
 from omni_rl.algorithms.flow import bounded_std, ode_step, sde_step
 from omni_rl.config import build_section, to_dict
 from omni_rl.errors import OmniRLError
+from omni_rl.models.config import LoRAConfig
 from omni_rl.models.flow_policy import FlowPolicy, mlp
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 
@@ -140,6 +141,7 @@ class Pi0Backbone(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.lora_scale: float | None = None  # alpha / rank once the VLM has adapters
         config = model.config
         self.chunk, self.action_dim = config.chunk_size, config.max_action_dim
         self.state_dim, self.steps = config.max_state_dim, config.num_inference_steps
@@ -152,9 +154,26 @@ class Pi0Backbone(nn.Module):
         return cls(PI0ForConditionalGeneration.from_pretrained(path, **kwargs))
 
     def train_vlm(self, on: bool) -> None:
-        """Whether the VLM (vision tower, projector, language model) trains; the action
-        expert and its projections always do. Off is pi_RL's RL setting."""
-        self.model.model.vlm.requires_grad_(on)
+        """Whether the VLM (vision tower, projector, language model) trains, or only its
+        adapters when it has them (``add_vlm_lora``); the action expert and its
+        projections always do. Off is pi_RL's RL setting."""
+        for name, param in self.model.model.vlm.named_parameters():
+            param.requires_grad_(on and (self.lora_scale is None or "lora_" in name))
+
+    def add_vlm_lora(self, lora: LoRAConfig) -> None:
+        """Low-rank adapters (peft) on the VLM language model's ``lora.target_modules``,
+        which then train wherever the VLM does, in its weights' place."""
+        from peft import LoraConfig, inject_adapter_in_model
+
+        targets = "|".join(lora.target_modules)
+        spec = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=rf".*language_model.*\.({targets})",
+        )
+        inject_adapter_in_model(spec, self.model.model.vlm)
+        self.lora_scale = lora.alpha / lora.rank
 
     def encode_prefix(
         self,
@@ -420,6 +439,8 @@ class Pi0FlowPolicy(FlowPolicy):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         weights = self.state_dict() if state_dict is None else state_dict
+        if self.backbone.lora_scale is not None:
+            weights = merge_lora(weights, self.backbone.lora_scale)
         inner = "encoder.backbone.model."
         backbone = {k.removeprefix(inner): v for k, v in weights.items() if k.startswith(inner)}
         self.backbone.model.save_pretrained(directory / "backbone", state_dict=backbone)
@@ -458,6 +479,24 @@ class Pi0FlowPolicy(FlowPolicy):
         if unexpected or any(not k.startswith("encoder.backbone.") for k in missing):
             raise OmniRLError(f"{directory}: policy.safetensors does not match a pi0 policy ({unexpected or missing})")
         return policy
+
+
+def merge_lora(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """``weights`` with peft's LoRA layers folded back into plain ones: each
+    ``X.base_layer.weight`` becomes ``X.weight`` + ``scale`` · B A (its bias ``X.bias``),
+    and the adapters' own entries are dropped."""
+    merged = {}
+    for key, value in weights.items():
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        if ".base_layer." in key:
+            layer, _, leaf = key.rpartition(".base_layer.")
+            if leaf == "weight":
+                down, up = weights[f"{layer}.lora_A.default.weight"], weights[f"{layer}.lora_B.default.weight"]
+                value = value + (scale * up.float() @ down.float()).to(value.dtype)
+            key = f"{layer}.{leaf}"
+        merged[key] = value
+    return merged
 
 
 def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: torch.Tensor, max_tokens: int = 48):

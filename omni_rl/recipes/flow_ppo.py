@@ -174,6 +174,8 @@ def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
             "(PixelTargets-v0 has both)"
         )
     backbone = Pi0Backbone.from_pretrained(cfg.policy.path)
+    if cfg.policy.vlm_lora is not None:
+        backbone.add_vlm_lora(cfg.policy.vlm_lora)
     backbone.train_vlm(False)
     processor = AutoProcessor.from_pretrained(cfg.policy.path)
     return Pi0FlowPolicy(cfg.policy, backbone, processor=processor, layout=layout, env_action_dim=env.action_dim)
