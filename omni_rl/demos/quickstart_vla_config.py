@@ -25,7 +25,7 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     )
     """Output directory, seed and hardware."""
     demo_episodes: int = 2048
-    """Expert episodes collected for the warm start (a few seconds; behaviour cloning's
+    """Expert episodes collected for the warm start (under a minute; behaviour cloning's
     ``bc.steps`` sets how far the start gets)."""
     demo_action_scale: float = 0.25
     """The expert moves at a quarter of the speed the task allows: its clone reaches the
