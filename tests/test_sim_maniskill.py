@@ -159,6 +159,7 @@ def test_collect_demos_cli_writes_a_loadable_file(tmp_path):
         "seed": 5,
         "num_envs": 2,
         "episode_seeds": [5, 8],
+        "action_scale": 1.0,
     }
     from safetensors import safe_open
 
