@@ -103,6 +103,15 @@ def test_vla_quickstart_small_run(tmp_path, capsys):
     assert "shown the other target's name" in capsys.readouterr().out
 
 
+def test_the_vla_quickstart_sizes_only_the_model_it_writes():
+    from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import load_config
+
+    assert load_config(None, [], recipe="quickstart_vla").tiny_width() == 64
+    with pytest.raises(ConfigError, match="model_width: sizes the tiny pi_0"):
+        load_config(None, ["policy.path=some/pi0", "model_width=128"], recipe="quickstart_vla")
+
+
 def test_audio_quickstart_small_run(tmp_path, capsys):
     args = ["quickstart", "--audio", "--set", f"run.output_dir={tmp_path}"]
     for override in (

@@ -32,7 +32,7 @@ def main(cfg: QuickstartVLAConfig) -> dict:
 def run_seed(cfg: QuickstartVLAConfig, seed: int, out: Path) -> dict:
     """The simulation quickstart's seed with a pi_0 policy, then the swapped-instruction
     evaluation of the trained policy."""
-    path = cfg.policy.path or build_tiny_pi0(out / "pi0_tiny", seed=seed, width=cfg.model_width)
+    path = cfg.policy.path or build_tiny_pi0(out / "pi0_tiny", seed=seed, width=cfg.tiny_width())
     result = quickstart_sim.run_seed(cfg, seed, out, policy={"path": str(path)})
     policy = Pi0FlowPolicy.from_pretrained(out / "flow_ppo" / "model").eval()
     swapped = heldout_success(policy, cfg, swap_instructions=True)

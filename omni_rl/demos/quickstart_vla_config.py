@@ -31,8 +31,9 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     """The expert moves at a quarter of the speed the task allows: its clone reaches the
     named target too slowly for the time limit about half the time, and RL, which
     sees the limit, learns to go faster."""
-    model_width: int = 64
-    """Hidden width of the tiny pi_0 written per seed when ``policy.path`` is unset."""
+    model_width: int | None = None
+    """Hidden width of the tiny pi_0 written per seed when ``policy.path`` is unset (a
+    multiple of 32; unset: 64); refused beside a ``policy.path``."""
     env: SimEnvConfig = field(
         default_factory=lambda: SimEnvConfig(
             task="PixelTargets-v0", num_envs=16, backend="cpu", max_episode_steps=30, ignore_terminations=False
@@ -58,4 +59,11 @@ class QuickstartVLAConfig(QuickstartSimConfig):
         super().__post_init__()
         require(self.policy.type == "pi0", "policy.type", "the VLA quickstart trains a pi0 policy")
         require(self.env.task == "PixelTargets-v0", "env.task", "the VLA quickstart runs PixelTargets-v0")
-        require(self.model_width >= 32 and self.model_width % 32 == 0, "model_width", "must be a multiple of 32")
+        if self.policy.path is not None:
+            require(self.model_width is None, "model_width", "sizes the tiny pi_0 written when policy.path is unset")
+        width = self.tiny_width()
+        require(width >= 32 and width % 32 == 0, "model_width", "must be a multiple of 32")
+
+    def tiny_width(self) -> int:
+        """The tiny pi_0's width: ``model_width``, unset: 64."""
+        return 64 if self.model_width is None else self.model_width
