@@ -38,7 +38,11 @@ class SimEnvConfig:
         require(self.max_episode_steps >= 1, "max_episode_steps", "must be >= 1")
         require(not self.blank_images or self.task == "PixelTargets-v0", "blank_images", "PixelTargets-v0 only")
 
+    def controls(self) -> dict:
+        """What the policy is shown instead (``make_vec_env``'s control options)."""
+        return {"blank_images": True} if self.blank_images else {}
+
     def options(self) -> dict:
         """The env's options beyond its task, count and backend, as ``make_vec_env`` reads them."""
-        shown = {"blank_images": True} if self.blank_images else {}
-        return {"obs_mode": self.obs_mode, "control_mode": self.control_mode, "reward_mode": self.reward_mode, **shown}
+        modes = {"obs_mode": self.obs_mode, "control_mode": self.control_mode, "reward_mode": self.reward_mode}
+        return {**modes, **self.controls()}

@@ -80,7 +80,7 @@ def run_seed(cfg: QuickstartSimConfig, seed: int, out: Path, policy: dict | None
         seed=demo_seed(seed),
         num_envs=cfg.env.num_envs,
         backend=cfg.env.backend,
-        controls={"blank_images": True} if cfg.env.blank_images else None,
+        controls=cfg.env.controls(),
         action_scale=cfg.demo_action_scale,
     )
     result = flow_ppo.train(train_config(cfg, seed, out / "flow_ppo", demos, policy))

@@ -37,6 +37,18 @@ class LoRAConfig:
         require(self.rank >= 1, "rank", "must be >= 1")
         require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
 
+    def peft_config(self):
+        """peft's ``LoraConfig``: adapters on ``target_modules`` inside a language model."""
+        from peft import LoraConfig
+
+        targets = "|".join(self.target_modules)
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=rf".*language_model.*\.({targets})",
+        )
+
 
 @dataclass
 class ModelConfig:

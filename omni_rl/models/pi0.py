@@ -163,16 +163,9 @@ class Pi0Backbone(nn.Module):
     def add_vlm_lora(self, lora: LoRAConfig) -> None:
         """Low-rank adapters (peft) on the VLM language model's ``lora.target_modules``,
         which then train wherever the VLM does, in its weights' place."""
-        from peft import LoraConfig, inject_adapter_in_model
+        from peft import inject_adapter_in_model
 
-        targets = "|".join(lora.target_modules)
-        spec = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=rf".*language_model.*\.({targets})",
-        )
-        inject_adapter_in_model(spec, self.model.model.vlm)
+        inject_adapter_in_model(lora.peft_config(), self.model.model.vlm)
         self.lora_scale = lora.alpha / lora.rank
 
     def encode_prefix(

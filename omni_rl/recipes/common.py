@@ -189,16 +189,9 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
                 param.requires_grad_(False)
     lora = cfg.model.lora
     if lora is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        targets = "|".join(lora.target_modules)
-        spec = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=rf".*language_model.*\.({targets})",
-        )
-        model = get_peft_model(model, spec)
+        model = get_peft_model(model, lora.peft_config())
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the shared-prefix forward reads the prompt's keys, recorded inside
         # checkpointed layers, from outside them (transformers >= 5.x names it activation
