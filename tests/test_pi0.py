@@ -419,25 +419,12 @@ def test_flow_ppo_needs_the_pi0_checkpoint_and_an_mlp_policy_has_no_vlm():
         config_from_dict({"recipe": "flow_ppo", "policy": {"train_vlm": "never"}}, "test")
 
 
-def test_a_pi0_policy_under_fsdp_is_refused_at_load(tiny_pi0):
-    from omni_rl.errors import ConfigError
-    from omni_rl.recipe_loader import config_from_dict
-
-    config = {
-        "recipe": "flow_ppo",
-        "env": {"task": "PixelTargets-v0"},
-        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5},
-        "trainer": {"strategy": "fsdp"},
-    }
-    with pytest.raises(ConfigError, match="FSDP2 not yet"):
-        config_from_dict(config, "test")
-
-
 @pytest.mark.slow
-def test_two_ddp_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path):
-    """torchrun, 2 processes (gloo on CPU), each with half the envs: the same weights
-    (heads, action expert, and the VLM that behaviour cloning trains) and metrics as one
-    process."""
+def test_two_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path):
+    """torchrun, 2 processes (gloo on CPU) under DDP and under FSDP2, each with half the
+    envs: the same weights (heads, action expert, and the VLM that behaviour cloning
+    trains) and metrics as one process; FSDP2's run saves its checkpoints too."""
+    import itertools
     import json
     import os
     import subprocess
@@ -465,29 +452,29 @@ def test_two_ddp_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp
     save_config(config_from_dict(config, "test"), path)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1"}
-    for name, launcher in (
-        ("one", [sys.executable]),
-        ("two", [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node=2"]),
-    ):
+    torchrun = [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node=2"]
+    for name, launcher in (("one", [sys.executable]), ("ddp", torchrun), ("fsdp", torchrun)):
         command = [*launcher, "-m", "omni_rl", "train", str(path), "--set", f"run.output_dir={tmp_path / name}"]
-        if name == "two":
-            command += ["--set", "trainer.strategy=ddp"]
+        if name != "one":
+            command += ["--set", f"trainer.strategy={name}"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-    for part in ("policy.safetensors", "backbone/model.safetensors"):
-        one, two = (load_file(tmp_path / name / "model" / part) for name in ("one", "two"))
+    assert (tmp_path / "fsdp" / "checkpoints" / "step-00000002").is_dir()
+    for part, strategy in itertools.product(("policy.safetensors", "backbone/model.safetensors"), ("ddp", "fsdp")):
+        one, two = (load_file(tmp_path / name / "model" / part) for name in ("one", strategy))
         assert one.keys() == two.keys()
         gaps = {k: (one[k] - two[k]).abs().max().item() for k in one}
         # an attention key bias's gradient is zero in exact arithmetic (softmax ignores a
         # shift shared by every key), so what Adam steps on is rounding noise, scaled to
         # the learning rate (1e-3, 2 BC steps with the VLM training): bounded, not equal
         noise = {k for k in gaps if k.endswith("k_proj.bias")}
-        assert max(v for k, v in gaps.items() if k not in noise) < 1e-5, part
-        assert all(gaps[k] < 2 * 2e-3 for k in noise), part
+        assert max(v for k, v in gaps.items() if k not in noise) < 1e-5, (part, strategy)
+        assert all(gaps[k] < 2 * 2e-3 for k in noise), (part, strategy)
 
     def rows(name):
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "throughput/"))} for x in lines]
 
-    for got, want in zip(rows("two"), rows("one"), strict=True):
-        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    for strategy in ("ddp", "fsdp"):
+        for got, want in zip(rows(strategy), rows("one"), strict=True):
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-6), strategy

@@ -185,6 +185,9 @@ class TrainingEngine:
         ``max_grad_norm`` replaces the clip when given."""
         if max_grad_norm is not None:
             self.max_grad_norm = max_grad_norm
+        # a forward since the last step (an evaluation) leaves FSDP2's blocks holding their
+        # gathered weights as the registered parameters: the optimizer must hold the shards
+        self.reshard()
         module = self.module
         groups = param_groups(module) if param_groups else [p for p in module.parameters() if p.requires_grad]
         self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]

@@ -549,6 +549,9 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
             progress.results.update(interval_summary("success_bc", start_eval), backend=env.backend)
         # PPO's optimizer; a resumed run restores it, the weights, the stream and the results
         if isinstance(policy, Pi0FlowPolicy):
+            # FSDP2 copies what its shards require to the gathered weights at each gather:
+            # the shards must be the registered parameters when the VLM is switched
+            engine.reshard()
             policy.backbone.train_vlm(vlm_trains(cfg, "ppo"))
         use_ppo_optimizer(engine, cfg)
         if run.resume_from is None:

@@ -223,6 +223,3 @@ class FlowPPOConfig:
         if self.policy.type == "pi0" and not self.policy.path:
             why = "name the pi0 checkpoint (omni-rl tiny-model --family pi0 writes a tiny one)"
             raise FieldError("policy.path", why)
-        if self.policy.type == "pi0" and self.trainer.strategy == "fsdp":
-            # its checkpoint save fails in get_optimizer_state_dict (KeyError on a parameter id)
-            raise FieldError("trainer.strategy", "policy.type pi0 runs in one process or under DDP; FSDP2 not yet")
