@@ -614,6 +614,13 @@ def _rewards_score(args: argparse.Namespace) -> int:
         metavar="S",
         help="the expert's actions times S (below 1: a slower demonstrator, which RL can beat)",
     ),
+    arg(
+        "--obs-mode",
+        choices=("state", "rgb"),
+        default="state",
+        help="ManiSkill tasks: rgb records every step's camera image too (for a pi0 policy)",
+    ),
+    arg("--image-size", type=int, default=None, metavar="S", help="rgb: the camera image's side (default 64)"),
 )
 def _sim_collect_demos(args: argparse.Namespace) -> int:
     from omni_rl.runtime import set_threads
@@ -629,6 +636,8 @@ def _sim_collect_demos(args: argparse.Namespace) -> int:
         backend=args.backend,
         progress=True,
         action_scale=args.action_scale,
+        obs_mode=args.obs_mode,
+        image_size=args.image_size,
     )
     rate = demos.meta["success_rate"]
     print(f"wrote {args.episodes} episodes ({len(demos.obs)} steps, success rate {rate:.2f}) to {args.out}")

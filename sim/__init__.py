@@ -37,8 +37,8 @@ def make_vec_env(
         seed: env i's first episode is seeded ``seed + i``.
         max_episode_steps: time limit; default: the task's own.
         ignore_terminations: end episodes only at the time limit, also after success.
-        **maniskill_options: ``obs_mode``, ``control_mode`` and ``reward_mode`` of a
-            ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`);
+        **maniskill_options: ``obs_mode``, ``control_mode``, ``reward_mode`` and (rgb)
+            ``image_size`` of a ManiSkill task (see :func:`omni_rl.sim.maniskill.make_maniskill_env`);
             PixelTargets-v0's controls ``blank_images`` and ``swap_instructions``
             (``PixelTargetsEnv``).
     """
@@ -77,6 +77,9 @@ def _point_mass(
     unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"} - controls)
     if unknown:
         raise OmniRLError(f"{task}: unexpected options {', '.join(unknown)}")
+    if options.get("obs_mode", "state") != "state":
+        shown = "the image, instruction and state it always shows" if task == PIXEL_TARGETS else "its state"
+        raise OmniRLError(f"{task}: has one observation mode ({shown}); leave env.obs_mode unset")
     if options.get("reward_mode", "normalized_dense") != "normalized_dense":
         raise OmniRLError(f"{task}: has one reward (distance gained, 1 on reaching); leave env.reward_mode unset")
     device = resolve_device({"gpu": "cuda"}.get(backend, backend))

@@ -18,8 +18,12 @@ class SimEnvConfig:
     """Environments stepped in parallel."""
     backend: Literal["auto", "cpu", "gpu"] = "auto"
     """cpu: one env per process; gpu: ManiSkill's batched GPU simulation; auto: gpu when CUDA is there."""
-    obs_mode: str = "state"
-    """Observation mode (state vectors)."""
+    obs_mode: Literal["state", "rgb"] = "state"
+    """state: ManiSkill's state vector; rgb (ManiSkill tasks, for pi0 policies): the camera's
+    image, the task's instruction and the joint positions, with the state vector as
+    privileged input for the experts and a privileged critic."""
+    image_size: int | None = None
+    """obs_mode rgb: the camera image's side in pixels (unset: 64)."""
     control_mode: str = "pd_ee_delta_pos"
     """Controller the actions drive."""
     reward_mode: Literal["normalized_dense", "dense", "sparse"] = "normalized_dense"
@@ -37,6 +41,8 @@ class SimEnvConfig:
         require(self.num_envs >= 1, "num_envs", "must be >= 1")
         require(self.max_episode_steps >= 1, "max_episode_steps", "must be >= 1")
         require(not self.blank_images or self.task == "PixelTargets-v0", "blank_images", "PixelTargets-v0 only")
+        require(self.image_size is None or self.obs_mode == "rgb", "image_size", "sizes the camera of obs_mode rgb")
+        require(self.image_size is None or self.image_size >= 8, "image_size", "must be >= 8")
 
     def controls(self) -> dict:
         """What the policy is shown instead (``make_vec_env``'s control options)."""
@@ -45,4 +51,5 @@ class SimEnvConfig:
     def options(self) -> dict:
         """The env's options beyond its task, count and backend, as ``make_vec_env`` reads them."""
         modes = {"obs_mode": self.obs_mode, "control_mode": self.control_mode, "reward_mode": self.reward_mode}
-        return {**modes, **self.controls()}
+        camera = {"image_size": self.image_size} if self.image_size is not None else {}
+        return {**modes, **camera, **self.controls()}

@@ -93,7 +93,9 @@ def run_chunk(
 ) -> ChunkOutcome:
     """Step the first ``executed`` actions of each chunk ([N, H, D]). An episode that
     ends mid-chunk counts only its own rewards; the env has already reset, and the
-    chunk's leftover actions run in the new episode. Ended episodes add to ``totals``."""
+    chunk's leftover actions run in the new episode. Ended episodes add to ``totals``.
+    An env with cameras (``renders_on_request``) renders only the chunk's last step, whose
+    observation the policy reads next, and the ends of episodes."""
     n, device = actions.shape[0], env.device
     actions = actions.to(device)
     rewards = torch.zeros(n, executed, device=device)
@@ -101,8 +103,9 @@ def run_chunk(
     ended = torch.zeros(n, dtype=torch.bool, device=device)
     terminated = torch.zeros(n, dtype=torch.bool, device=device)
     final_obs, result = None, None
+    on_request = getattr(env, "renders_on_request", False)
     for j in range(executed):
-        result = env.step(actions[:, j])
+        result = env.step(actions[:, j], look=j == executed - 1) if on_request else env.step(actions[:, j])
         alive[:, j] = ~ended
         rewards[:, j] = result.reward.float() * ~ended
         now = ~ended & result.done

@@ -149,9 +149,9 @@ class Demos:
         episode: [T] int64, the episode each step belongs to (0..E-1, in order).
         step: [T] int64, the step's index within its episode.
         success: [E] bool, whether each episode solved the task at some step.
-        meta: task, control_mode, obs_mode, episodes, success_rate, seed, num_envs and
-            episode_seeds ([first, end): episode e was seeded first + e), action_scale and
-            the controls the policy was shown.
+        meta: task, control_mode, obs_mode (and an rgb file's image_size), episodes,
+            success_rate, seed, num_envs and episode_seeds ([first, end): episode e was
+            seeded first + e), action_scale and the controls the policy was shown.
     """
 
     obs: torch.Tensor
@@ -175,6 +175,8 @@ def collect_demos(
     progress: bool = False,
     controls: dict | None = None,
     action_scale: float = 1.0,
+    obs_mode: str = OBS_MODE,
+    image_size: int | None = None,
 ) -> Demos:
     """Run the task's scripted expert for ``episodes`` episodes and keep every step.
 
@@ -196,6 +198,9 @@ def collect_demos(
             the expert reads the privileged state either way.
         action_scale: the expert's actions times this (below 1: a demonstrator slower
             than the task allows, whose clone RL can beat); recorded in ``meta``.
+        obs_mode: a ManiSkill task's ``state`` or ``rgb`` (every step's camera image
+            recorded, for a pi0 policy to clone; the expert reads the state vector).
+        image_size: ``rgb``: the camera image's side (default 64).
 
     Returns:
         The recorded :class:`Demos`.
@@ -209,8 +214,11 @@ def collect_demos(
         raise OmniRLError(f"{task}: episodes must be at least 1, got {episodes}")
     if not 0 < action_scale <= 1:
         raise OmniRLError(f"{task}: action_scale must be in (0, 1], got {action_scale}")
-    modes = {"control_mode": CONTROL_MODE, "obs_mode": OBS_MODE, **(controls or {})}
+    camera = {"image_size": image_size} if image_size is not None else {}
+    modes = {"control_mode": CONTROL_MODE, "obs_mode": obs_mode, **camera, **(controls or {})}
     env = make_vec_env(task, num_envs, backend=backend, seed=seed, **modes)
+    # a camera env's expert reads the privileged state vector behind the image
+    layout = env.layout if obs_mode == "rgb" else None
     try:
         steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]] = [[] for _ in range(episodes)]
         success = torch.zeros(episodes, dtype=torch.bool)
@@ -219,7 +227,8 @@ def collect_demos(
                 obs = env.reset(seed=[seed + first + i for i in range(num_envs)])
                 playing = [first + i < episodes for i in range(num_envs)]  # the env's round episode runs
                 while any(playing):
-                    actions = action_scale * expert_action(task, obs)
+                    view = obs if layout is None else layout.split(obs)[3]
+                    actions = action_scale * expert_action(task, view)
                     result = env.step(actions)
                     rewards = result.reward.cpu()
                     for i in range(num_envs):
@@ -234,7 +243,9 @@ def collect_demos(
     finally:
         env.close()
     info = {"task": task, "seed": seed, "num_envs": num_envs, "episode_seeds": [seed, seed + episodes]}
-    info.update(controls or {}, action_scale=action_scale)
+    info.update(controls or {}, action_scale=action_scale, obs_mode=obs_mode)
+    if layout is not None:
+        info["image_size"] = layout.image_size
     demos = _stack(steps, success, info)
     if out is not None:
         save_demos(demos, out)
@@ -268,7 +279,6 @@ def _stack(steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]], success:
     meta = {
         **info,
         "control_mode": CONTROL_MODE,
-        "obs_mode": OBS_MODE,
         "episodes": len(steps),
         "success_rate": float(success.float().mean()),
     }

@@ -22,8 +22,13 @@ round; ``time/reset`` in the metrics). The CUDA and CPU random streams differ, s
 seed's start on the GPU is not the CPU's start of that seed: compare held-out success
 within one backend.
 
-Only flat state observations (``obs_mode="state"``) fit the contract's ``[N, obs_dim]``.
-Nothing is downloaded at run time: a task whose assets are missing is an error.
+Observations are flat: ManiSkill's state vector (``obs_mode="state"``), or with
+``obs_mode="rgb"`` the camera's image, the task's instruction, the joint positions and
+the state vector in the layout a pi0 policy reads (``layout``; see
+``omni_rl.sim.maniskill_task``). An rgb env renders at resets, at episode ends and at
+steps taken with ``look=True`` (the default); a rollout passes ``look=False`` inside a
+chunk, whose observations nobody reads, and so renders once a chunk. Nothing is
+downloaded at run time: a task whose assets are missing is an error.
 """
 
 from __future__ import annotations
@@ -39,14 +44,13 @@ import torch
 
 from omni_rl.errors import OmniRLError
 from omni_rl.sim.base import EpisodeTracker, StepResult
-from omni_rl.sim.maniskill_task import TaskSettings
+from omni_rl.sim.maniskill_task import DEFAULT_IMAGE_SIZE, INSTRUCTIONS, OBS_MODES, TaskSettings
 from omni_rl.sim.vulkan import ensure_vulkan
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cpu", "gpu")
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
-OBS_MODES = ("state",)
 # Workers must not inherit the parent's torch thread pool or a SAPIEN/Vulkan instance,
 # which ``fork`` would copy; forkserver starts them from a clean interpreter.
 WORKER_CONTEXT = "forkserver"
@@ -63,6 +67,7 @@ def make_maniskill_env(
     max_episode_steps: int | None = None,
     ignore_terminations: bool = False,
     reward_mode: str = "normalized_dense",
+    image_size: int | None = None,
 ) -> ManiSkillCPUEnv | ManiSkillGPUEnv:
     """N copies of a ManiSkill task stepped together.
 
@@ -71,12 +76,14 @@ def make_maniskill_env(
         num_envs: N, the number of parallel envs.
         backend: ``cpu`` (one process per env), ``gpu`` (batched CUDA PhysX) or ``auto``
             (``gpu`` when CUDA is available).
-        obs_mode: ManiSkill observation mode; only ``state`` (a flat vector) is supported.
+        obs_mode: ``state`` (ManiSkill's flat state vector) or ``rgb`` (the camera's
+            image, the instruction and the joint positions before it; see the module).
         control_mode: ManiSkill controller, e.g. ``pd_ee_delta_pos`` (xyz delta + gripper).
         seed: env i's first episode is seeded ``seed + i`` unless ``reset`` gets a seed.
         max_episode_steps: time limit; default: the task's registered one.
         ignore_terminations: episodes end only at the time limit.
         reward_mode: ``normalized_dense``, ``dense`` or ``sparse``.
+        image_size: ``rgb``: the camera image's side (default 64).
 
     Returns:
         A :class:`~omni_rl.sim.base.VecEnv`; call ``reset`` before ``step``.
@@ -85,6 +92,13 @@ def make_maniskill_env(
         raise OmniRLError(f"{task}: num_envs must be at least 1, got {num_envs}")
     if obs_mode not in OBS_MODES:
         raise OmniRLError(f"{task}: obs_mode '{obs_mode}' is not supported; supported: {', '.join(OBS_MODES)}")
+    if obs_mode == "rgb" and task not in INSTRUCTIONS:
+        known = ", ".join(INSTRUCTIONS)
+        raise OmniRLError(f"{task}: obs_mode rgb needs the task's instruction; tasks with one: {known}")
+    if image_size is not None and obs_mode != "rgb":
+        raise OmniRLError(f"{task}: image_size sizes the camera of obs_mode rgb; obs_mode is {obs_mode}")
+    if image_size is not None and image_size < 8:
+        raise OmniRLError(f"{task}: image_size must be at least 8, got {image_size}")
     if reward_mode not in REWARD_MODES:
         raise OmniRLError(f"{task}: reward_mode '{reward_mode}' is not supported; supported: {', '.join(REWARD_MODES)}")
     backend = resolve_backend(backend)
@@ -92,7 +106,9 @@ def make_maniskill_env(
     steps = max_episode_steps or spec.max_episode_steps
     if steps is None:
         raise OmniRLError(f"{task}: the task registers no episode limit; pass max_episode_steps")
-    settings = TaskSettings(task, obs_mode, control_mode, int(steps), ignore_terminations, reward_mode)
+    settings = TaskSettings(
+        task, obs_mode, control_mode, int(steps), ignore_terminations, reward_mode, image_size or DEFAULT_IMAGE_SIZE
+    )
     try:
         if backend == "gpu":
             return ManiSkillGPUEnv(settings, num_envs, seed)
@@ -167,6 +183,16 @@ class _ManiSkillVecEnv(abc.ABC):
         # so that the envs differ and a run is reproducible without an explicit seed.
         self._first_seed: int | None = seed
         self._tracker: EpisodeTracker | None = None
+        self.layout = None  # an rgb env's FlatLayout
+        self.renders_on_request = settings.obs_mode == "rgb"
+        if self.renders_on_request:
+            from omni_rl.models.pi0 import FlatLayout
+
+            parts = self._camera_parts()  # (joint positions, state vector)
+            instructions = (INSTRUCTIONS[settings.task],)
+            self.layout = FlatLayout(settings.image_size, instructions, state_dim=parts[0], privileged_dim=parts[1])
+            if self.layout.size != self.obs_dim:
+                raise AssertionError(f"{self.task}: the camera layout {self.layout} is not {self.obs_dim} wide")
 
     def reset(self, seed: int | list[int] | None = None) -> torch.Tensor:
         """Start a new episode in every env (env i seeded ``seed + i``, or ``seed[i]`` for a
@@ -181,8 +207,10 @@ class _ManiSkillVecEnv(abc.ABC):
         self._tracker = EpisodeTracker(self.num_envs, self.device)
         return self._reset(seed)
 
-    def step(self, actions: torch.Tensor) -> StepResult:
-        """Apply actions [N, action_dim], clipped to the action bounds; ended episodes reset."""
+    def step(self, actions: torch.Tensor, look: bool = True) -> StepResult:
+        """Apply actions [N, action_dim], clipped to the action bounds; ended episodes
+        reset. ``look=False``: an rgb env may leave this step's images unrendered (zeros)
+        where no episode ended."""
         if self._tracker is None:
             raise RuntimeError(f"{self.task}: call reset() before step()")
         if tuple(actions.shape) != (self.num_envs, self.action_dim):
@@ -190,6 +218,8 @@ class _ManiSkillVecEnv(abc.ABC):
                 f"{self.task}: actions must be [{self.num_envs}, {self.action_dim}], got {list(actions.shape)}"
             )
         clipped = torch.clamp(actions.to(self.device, torch.float32), self.action_low, self.action_high)
+        if self.renders_on_request:
+            self._look(look)
         result = self._step(clipped)
         result.ended = self._tracker.update(result.reward, result.success, result.done)
         return result
@@ -201,6 +231,19 @@ class _ManiSkillVecEnv(abc.ABC):
     @abc.abstractmethod
     def _step(self, actions: torch.Tensor) -> StepResult:
         """Step clipped actions [N, action_dim]; ``ended`` is filled in by ``step``."""
+
+    @abc.abstractmethod
+    def _camera_parts(self) -> tuple[int, int]:
+        """An rgb env's (joint positions, state vector) sizes."""
+
+    @abc.abstractmethod
+    def _look(self, on: bool) -> None:
+        """Whether an rgb env renders the next step's images (``CameraObservation.look``)."""
+
+    @property
+    def renders(self) -> int:
+        """Env images an rgb env has rendered so far (for benchmarks and tests)."""
+        return 0
 
 
 class ManiSkillCPUEnv(_ManiSkillVecEnv):
@@ -225,7 +268,20 @@ class ManiSkillCPUEnv(_ManiSkillVecEnv):
         finally:
             set_threads(threads)  # gymnasium also ran env_fns[0] in this process, to read the spaces
         space, act_space = self._envs.single_observation_space, self._envs.single_action_space
+        self._looking = True
         super().__init__(settings, num_envs, seed, torch.device("cpu"), space, act_space)
+
+    def _camera_parts(self) -> tuple[int, int]:
+        return self._envs.get_attr("state_dim")[0], self._envs.get_attr("privileged_dim")[0]
+
+    def _look(self, on: bool) -> None:
+        if on != self._looking:  # one message to the workers when it changes
+            self._envs.set_attr("look", on)
+            self._looking = on
+
+    @property
+    def renders(self) -> int:
+        return sum(self._envs.get_attr("renders")) if self.renders_on_request else 0
 
     def _reset(self, seed: int | list[int] | None) -> torch.Tensor:
         obs, info = self._envs.reset(seed=seed)  # gymnasium: env i gets seed + i, or seed[i]
@@ -259,13 +315,24 @@ class ManiSkillGPUEnv(_ManiSkillVecEnv):
     """N ManiSkill envs in one batched PhysX scene on CUDA; tensors stay on the GPU."""
 
     def __init__(self, settings: TaskSettings, num_envs: int, seed: int):
-        import gymnasium as gym
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-        env = gym.make(settings.task, **settings.make_kwargs("physx_cuda", num_envs=num_envs))
-        self._env = ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=settings.ignore_terminations)
+        # inside the vector env's autoreset: an ended episode's last images are rendered
+        # before it resets them
+        self._camera = settings.make("physx_cuda", num_envs=num_envs)
+        self._env = ManiSkillVectorEnv(self._camera, auto_reset=True, ignore_terminations=settings.ignore_terminations)
         space, act_space = self._env.single_observation_space, self._env.single_action_space
         super().__init__(settings, num_envs, seed, torch.device(self._env.device), space, act_space)
+
+    def _camera_parts(self) -> tuple[int, int]:
+        return self._camera.state_dim, self._camera.privileged_dim
+
+    def _look(self, on: bool) -> None:
+        self._camera.look = on
+
+    @property
+    def renders(self) -> int:
+        return self._camera.renders * self.num_envs if self.renders_on_request else 0
 
     def _reset(self, seed: int | list[int] | None) -> torch.Tensor:
         seeds = seed if seed is None or isinstance(seed, list) else [seed + i for i in range(self.num_envs)]

@@ -11,7 +11,6 @@ from omni_rl.sim.vulkan import ensure_vulkan
 
 ensure_vulkan()
 
-import gymnasium as gym  # noqa: E402
 import mani_skill.envs  # noqa: E402, F401  (registers the tasks)
 from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper  # noqa: E402
 
@@ -21,8 +20,7 @@ from omni_rl.sim.maniskill_task import TaskSettings  # noqa: E402
 
 def make_cpu_env(settings: TaskSettings) -> CPUGymWrapper:
     """One ManiSkill env on PhysX's CPU solver, as a plain (unbatched, NumPy) gymnasium env."""
-    env = gym.make(settings.task, **settings.make_kwargs("physx_cpu", num_envs=1))
-    return CPUGymWrapper(env, ignore_terminations=settings.ignore_terminations)
+    return CPUGymWrapper(settings.make("physx_cpu", num_envs=1), ignore_terminations=settings.ignore_terminations)
 
 
 def worker_cpu_env(settings: TaskSettings) -> CPUGymWrapper:

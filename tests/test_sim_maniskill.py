@@ -178,8 +178,8 @@ def test_collect_demos_cli_names_an_unknown_task():
 def test_user_errors_name_the_problem(push_env):
     with pytest.raises(OmniRLError, match=r"unknown ManiSkill task 'PushCub-v1'.*PushCube-v1"):
         make_vec_env("PushCub-v1", 2, backend="cpu")
-    with pytest.raises(OmniRLError, match="obs_mode 'rgb'"):
-        make_vec_env("PushCube-v1", 2, backend="cpu", obs_mode="rgb")
+    with pytest.raises(OmniRLError, match="obs_mode 'depth'"):
+        make_vec_env("PushCube-v1", 2, backend="cpu", obs_mode="depth")
     with pytest.raises(OmniRLError, match="expert reads state observations"):
         expert_action("PickCube-v1", torch.zeros(2, 35))
     if not torch.cuda.is_available():

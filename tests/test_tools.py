@@ -82,3 +82,13 @@ def test_bench_sim_small_run():
     assert "(ppo.minibatches=1)" in row and "(ppo.minibatches=4)" in row
     assert lines[-1].startswith("ratio (training loop / random stepping), the config's mini-batch size: N=2 ")
     assert float(lines[-1].split("N=2 ")[1].split()[0]) > 0
+
+
+def test_bench_sim_camera_rows():
+    """One camera env, one timed round of each: rendering once a 4-step chunk is faster
+    than rendering every step."""
+    lines = run_tool("bench_sim.py", ["--camera", "16", "--envs", "1", "--rounds", "1"])
+    (row,) = [line for line in lines if line.startswith("N=1: state ")]
+    rates = [float(part.split()[-1]) for part in row.split(" env steps/s")[0:1]]
+    every, chunk = (float(row.split(name)[1].split()[0].rstrip(",")) for name in ("every step ", "once a chunk "))
+    assert rates[0] > 0 and chunk > every > 0, row

@@ -19,6 +19,11 @@ config's mini-batch *count*, a second loop with the count is timed too (N = 2: 4
 mini-batches of about 7 chunks, 4 times the update work per env step). Prints env
 steps/s of each per N, and the ratios (b)/(a), target >= 0.7, last.
 
+With ``--camera S`` it measures the envs with a camera instead (``obs_mode: rgb``, S²
+images), by random stepping in alternating rounds: the state env (no images), the
+camera rendered at every step, and the camera rendered as a rollout renders it (the
+last step of each executed chunk, and episode ends). Prints env steps/s of each per N.
+
 The trainer runs on one torch thread (the env workers, one process per env, take the
 cores; a second intra-op thread competes with them: at N = 2 on 2 cores the ratio reads
 a few points lower with two).
@@ -53,14 +58,48 @@ def chunks_per_env(cfg: FlowPPOConfig) -> int:
     return math.ceil(cfg.env.max_episode_steps / cfg.policy.executed)
 
 
-def random_round(env, vector_steps: int, seed: int) -> float:
-    """Seconds of a seeded reset and ``vector_steps`` steps with uniform random actions."""
+def random_round(env, vector_steps: int, seed: int, look_every: int = 0) -> float:
+    """Seconds of a seeded reset and ``vector_steps`` steps with uniform random actions;
+    ``look_every``: a camera env renders every this many steps (a chunk's last), 0: at
+    every step."""
     low, high = env.action_low.cpu(), env.action_high.cpu()
     started = time.perf_counter()
     env.reset(seed=seed)
-    for _ in range(vector_steps):
-        env.step(low + (high - low) * torch.rand(env.num_envs, env.action_dim))
+    for j in range(vector_steps):
+        actions = low + (high - low) * torch.rand(env.num_envs, env.action_dim)
+        if look_every:
+            env.step(actions, look=(j + 1) % look_every == 0)
+        else:
+            env.step(actions)
     return time.perf_counter() - started
+
+
+def camera_rows(args, shipped: FlowPPOConfig) -> None:
+    """Env steps/s of random stepping per N: state, camera at every step, camera once a
+    chunk (``policy.executed`` steps), in alternating rounds after a warm-up."""
+    e, executed = shipped.env, shipped.policy.executed
+    steps = chunks_per_env(shipped) * executed
+    modes = {"obs_mode": "rgb", "image_size": args.camera}
+    print(f"{args.task}: random actions, {steps}-step rounds, camera {args.camera}², chunks of {executed}")
+    for n in args.envs:
+        common = {"backend": "cpu", "control_mode": e.control_mode, "max_episode_steps": e.max_episode_steps}
+        state = make_vec_env(args.task, n, **common)
+        camera = make_vec_env(args.task, n, **common, **modes)
+        seconds = [0.0, 0.0, 0.0]
+        try:
+            for r in range(args.rounds + 1):
+                timed = [random_round(state, steps, r), random_round(camera, steps, r)]
+                timed.append(random_round(camera, steps, r, look_every=executed))
+                if r:
+                    seconds = [a + b for a, b in zip(seconds, timed, strict=True)]
+        finally:
+            state.close()
+            camera.close()
+        rates = [args.rounds * steps * n / s for s in seconds]
+        print(
+            f"N={n}: state {rates[0]:.0f} env steps/s, camera every step {rates[1]:.0f}, "
+            f"camera once a chunk {rates[2]:.0f} ({rates[2] / rates[1]:.1f}x every step)"
+        )
 
 
 class TrainingLoop:
@@ -108,10 +147,14 @@ def main() -> None:
     parser.add_argument("--envs", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--config", default="configs/maniskill_pushcube_flow_noise.yaml")
+    parser.add_argument("--camera", type=int, default=None, metavar="S", help="time S² camera envs instead")
     args = parser.parse_args()
     set_threads(1)
     base = [f"env.task={args.task}", "env.backend=cpu", "bc.demos=null"]
     shipped = load_config(args.config, base)
+    if args.camera is not None:
+        camera_rows(args, shipped)
+        return
     size = shipped.env.num_envs * chunks_per_env(shipped)
     print(
         f"{args.config}: {shipped.env.num_envs} envs, {shipped.ppo.epochs} epochs of "
