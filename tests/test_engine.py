@@ -179,3 +179,40 @@ def test_a_schedule_end_under_a_constant_rate_is_refused():
     cfg = config_from_dict({"recipe": "demo", "trainer": {"schedule": "cosine", "min_lr_ratio": 0.1}})
     assert cfg.trainer.setting("min_lr_ratio") == 0.1
     assert config_from_dict({"recipe": "demo"}).trainer.setting("min_lr_ratio") == 0.0
+
+
+def test_a_checkpoint_resumes_weights_an_earlier_phase_trained_and_parameters_without_state(tmp_path):
+    """A two-phase run: the first optimizer trains both layers, the second only the
+    second layer, and one trainable parameter never gets a gradient (no optimizer
+    state). Saved after the second phase and loaded into a fresh engine built for it,
+    the first layer's trained weights come back though frozen now, the stateless
+    parameter stays without state, and the next step equals the uninterrupted one."""
+    from omni_rl.engine import checkpoint
+
+    def model():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        net.unused = torch.nn.Parameter(torch.ones(3))  # trainable, never in the forward
+        return net
+
+    def step(engine):
+        engine.backward(engine.model(torch.ones(5, 4)).pow(2).sum())
+        engine.step()
+
+    net = model()
+    engine = TrainingEngine(net, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=4)
+    step(engine)  # phase one: both layers move
+    net[0].requires_grad_(False)
+    engine.use_optimizer(AdamWConfig(lr=0.1), total_steps=4)
+    step(engine)
+    checkpoint.save(engine, tmp_path, 2, {}, export=False)
+    step(engine)
+
+    fresh = model()
+    fresh[0].requires_grad_(False)
+    resumed = TrainingEngine(fresh, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=4)
+    checkpoint.load(resumed, tmp_path / "checkpoints" / "step-00000002")
+    assert fresh.unused not in resumed.optimizer.state
+    step(resumed)
+    for (name, want), got in zip(net.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(want, got), name

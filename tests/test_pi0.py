@@ -5,6 +5,7 @@ prefix encoded once per observation, and the velocity field against transformers
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -478,3 +479,56 @@ def test_two_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_pat
     for strategy in ("ddp", "fsdp"):
         for got, want in zip(rows(strategy), rows("one"), strict=True):
             assert got == pytest.approx(want, rel=1e-4, abs=1e-6), strategy
+
+
+@pytest.mark.slow
+def test_a_pi0_run_resumed_from_a_checkpoint_repeats_the_uninterrupted_one(tiny_pi0, tmp_path):
+    """Behaviour cloning with the VLM training, then PPO over the frozen VLM, checkpoints
+    every iteration; the run copied without its last checkpoint and resumed (``--resume
+    auto``) logs the last iteration the uninterrupted run logged, and ends with its
+    weights."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from omni_rl.config import save_config
+    from omni_rl.recipe_loader import config_from_dict
+    from omni_rl.runtime import AVX2_KERNELS
+    from omni_rl.sim.experts import collect_demos
+
+    demos = tmp_path / "demos.safetensors"
+    collect_demos("PixelTargets-v0", 4, demos, num_envs=2)
+    config = {
+        "recipe": "flow_ppo",
+        "run": {"seed": 0, "device": "cpu", "output_dir": str(tmp_path / "a")},
+        "env": {"task": "PixelTargets-v0", "num_envs": 4, "max_episode_steps": 10, "ignore_terminations": False},
+        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32},
+        "bc": {"demos": str(demos), "steps": 2, "batch_size": 8},
+        "ppo": {"epochs": 1, "minibatches": 2, "critic_warmup": 0},
+        "trainer": {"steps": 3, "eval_every": 2, "eval_episodes": 4, "save_every": 1, "keep_last": 3},
+    }
+    path = tmp_path / "config.yaml"
+    save_config(config_from_dict(config, "test"), path)
+    # both runs in fresh processes, without the kernel pins an earlier test may have set
+    env = {k: v for k, v in os.environ.items() if k not in AVX2_KERNELS}
+    command = [str(Path(sys.executable).parent / "omni-rl"), "train", str(path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copytree(tmp_path / "a", tmp_path / "b", symlinks=True)
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000003")
+    resumed = [*command, "--set", f"run.output_dir={tmp_path / 'b'}", "--resume", "auto"]
+    done = subprocess.run(resumed, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def rows(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "throughput/"))} for x in lines]
+
+    assert [r["step"] for r in rows("b")] == [0, 1, 2, 3] and rows("b") == rows("a")
+    for part in ("policy.safetensors", "backbone/model.safetensors"):
+        a, b = (load_file(tmp_path / name / "model" / part) for name in ("a", "b"))
+        assert all(torch.equal(a[k], b[k]) for k in a), part

@@ -52,16 +52,13 @@ from omni_rl.errors import OmniRLError, stop_on_disk_full
 PREFIX = "step-"
 
 
-def _trainable_names(engine: TrainingEngine) -> set[str]:
-    return {name for name, p in engine.module.named_parameters() if p.requires_grad}
-
-
-def _flat_state(engine: TrainingEngine) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Trainable weights and optimizer tensors under flat names, and the optimizer's
-    parameter groups without their tensors."""
-    trainable = _trainable_names(engine)
+def _flat_state(engine: TrainingEngine, names: set[str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The weights of ``names`` (default: every parameter any of the engine's optimizers
+    trained, ``TrainingEngine.trained_names``) and the optimizer's tensors under flat
+    names, and the optimizer's parameter groups without their tensors."""
+    names = engine.trained_names if names is None else names
     model = get_model_state_dict(engine.model)
-    flat = {f"model.{k}": v for k, v in model.items() if k in trainable}
+    flat = {f"model.{k}": v for k, v in model.items() if k in names}
     optim = get_optimizer_state_dict(engine.model, engine.optimizer)
     for fqn, entries in optim["state"].items():
         for key, value in entries.items():
@@ -338,8 +335,22 @@ def load(engine: TrainingEngine, path: str | Path) -> dict:
     check_complete(path)
     state = read_state(path)
     check_world_size(path, engine.ranks.world_size)
-    flat, groups = _flat_state(engine)
     reader = dcp.HuggingFaceStorageReader(str(path / "sharded"))
+    try:
+        saved = set(reader.read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - a damaged index, which dcp.load names below
+        saved = None
+    # the weights an earlier phase trained are there though frozen now (pi0's VLM after
+    # behaviour cloning), and saved again from here on
+    names = engine.trained_names
+    if saved is not None:
+        names = names | {k.removeprefix("model.") for k in saved if k.startswith("model.")}
+    flat, groups = _flat_state(engine, names)
+    # parameters that never had a gradient (an unused encoder) were saved without
+    # optimizer state: read only what is there
+    missing = {k for k in flat if k.startswith("optim.") and saved is not None and k not in saved}
+    stateless = {k.removeprefix("optim.").rpartition(".")[0] for k in missing}
+    flat = {k: v for k, v in flat.items() if k not in missing}
     try:
         dcp.load(flat, storage_reader=reader, no_dist=not engine.ranks.distributed)
     except CheckpointException as err:  # e.g. shards of another model
@@ -354,8 +365,12 @@ def load(engine: TrainingEngine, path: str | Path) -> dict:
             optim["state"].setdefault(fqn, {})[name] = value
     for group, hyper in zip(groups, json.loads((path / "optimizer.json").read_text()), strict=True):
         group.update({k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()})
-    # parameters that never had a gradient (an unused encoder) have no optimizer state
     set_optimizer_state_dict(engine.model, engine.optimizer, optim, options=StateDictOptions(strict=False))
+    engine.trained_names |= names
+    if stateless:  # and stay without it, as in the run that saved them
+        for name, param in engine.module.named_parameters():
+            if name in stateless:
+                engine.optimizer.state.pop(param, None)
     engine.load_state(state["engine"])
     rank = engine.ranks.rank
     tensors = torch.load(path / "rng" / f"rank-{rank:05d}.pt", weights_only=True, map_location="cpu")

@@ -163,6 +163,7 @@ class TrainingEngine:
         self.max_bad_steps = max_bad_steps
         self.module = model  # the model itself: generate, save_pretrained, named_parameters
         self.model = self._wrap(model)  # what training forwards call
+        self.trained_names: set[str] = set()
         self.use_optimizer(optimizer, total_steps, schedule, warmup_steps, min_lr_ratio, param_groups, max_grad_norm)
         if self.precision == "bf16-pure":
             log.warning(
@@ -189,6 +190,8 @@ class TrainingEngine:
         # gathered weights as the registered parameters: the optimizer must hold the shards
         self.reshard()
         module = self.module
+        # what checkpoints save: every parameter an optimizer of this run has trained
+        self.trained_names |= {name for name, p in module.named_parameters() if p.requires_grad}
         groups = param_groups(module) if param_groups else [p for p in module.parameters() if p.requires_grad]
         self.params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
         if not self.params:

@@ -146,6 +146,9 @@ class Pi0Backbone(nn.Module):
         self.chunk, self.action_dim = config.chunk_size, config.max_action_dim
         self.state_dim, self.steps = config.max_state_dim, config.num_inference_steps
         self.feature_dim = config.dit_config.hidden_size
+        # the action expert reads the noisy actions' embeddings, never token ids: its token
+        # table (a quarter of a billion numbers in pi_0) gets no gradient and stays frozen
+        model.model.dit.embed_tokens.requires_grad_(False)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs) -> Pi0Backbone:
