@@ -64,10 +64,13 @@ def test_the_cli_writes_a_tiny_pi0(tmp_path, capsys):
     assert model.config.vlm_config.text_config.hidden_size == 32
 
 
-def test_the_ode_chain_over_one_prefix_equals_sample_actions(tiny_pi0):
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_the_ode_chain_over_one_prefix_equals_sample_actions(tiny_pi0, chunk):
     """Euler steps of ``velocity`` over a prefix encoded once give transformers'
-    ``sample_actions`` on the same noise, and the prefix's cache is left as it was."""
-    backbone = Pi0Backbone.from_pretrained(tiny_pi0).eval()
+    ``sample_actions`` on the same noise, and the prefix's cache is left as it was; also
+    with the checkpoint loaded for a chunk of another length (as ``policy.horizon`` does)."""
+    backbone = Pi0Backbone.from_pretrained(tiny_pi0, **({} if chunk is None else {"chunk_size": chunk})).eval()
+    assert backbone.chunk == (chunk or 8)
     obs = observations(backbone)
     state = obs.pop("state")
     noise = torch.randn(3, backbone.chunk, backbone.action_dim, generator=torch.Generator().manual_seed(1))

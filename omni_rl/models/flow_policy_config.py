@@ -44,7 +44,8 @@ class FlowPolicyConfig(ModeDefaults):
     model's ``target_modules`` train instead of its weights; the exported checkpoint
     holds the merged weights. None: the VLM's weights themselves train."""
     horizon: int = 4
-    """Actions per chunk (H); pi0: its checkpoint's chunk_size."""
+    """Actions per chunk (H); pi0: the checkpoint is loaded with this chunk_size (its
+    weights do not depend on it; pi_RL predicts 8 on ManiSkill and executes 5)."""
     executed: int = 4
     """Actions of a chunk run before the policy is queried again (h <= H)."""
     denoise_steps: int = 4

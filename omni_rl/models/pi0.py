@@ -326,8 +326,8 @@ class Pi0FlowPolicy(FlowPolicy):
     rescales the ratio's log by 1/K.
 
     Args:
-        config: the ``policy:`` section; ``horizon`` must be the checkpoint's
-            ``chunk_size``, and ``width`` sizes the heads.
+        config: the ``policy:`` section; ``horizon`` must be the backbone's
+            ``chunk_size`` (the recipe loads it so), and ``width`` sizes the heads.
         backbone: the PI0 checkpoint.
         privileged_dim: the privileged state's size (``value_input: obs``).
     """
@@ -344,8 +344,8 @@ class Pi0FlowPolicy(FlowPolicy):
         nn.Module.__init__(self)
         if config.horizon != backbone.chunk:
             raise OmniRLError(
-                f"policy.horizon {config.horizon}: a pi0 policy predicts its checkpoint's chunk_size "
-                f"({backbone.chunk} actions)"
+                f"policy.horizon {config.horizon}: a pi0 policy predicts its backbone's chunk_size "
+                f"({backbone.chunk} actions; load it with chunk_size={config.horizon})"
             )
         env_action_dim = backbone.action_dim if env_action_dim is None else env_action_dim
         if not 1 <= env_action_dim <= backbone.action_dim:

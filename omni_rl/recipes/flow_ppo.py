@@ -173,7 +173,8 @@ def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
             f"policy.type pi0 reads a camera image and an instruction; {cfg.env.task} observes state vectors "
             "(PixelTargets-v0 has both)"
         )
-    backbone = Pi0Backbone.from_pretrained(cfg.policy.path)
+    # pi_0's weights do not depend on its chunk's length: the checkpoint predicts policy.horizon actions
+    backbone = Pi0Backbone.from_pretrained(cfg.policy.path, chunk_size=cfg.policy.horizon)
     if cfg.policy.vlm_lora is not None:
         backbone.add_vlm_lora(cfg.policy.vlm_lora)
     backbone.train_vlm(False)
