@@ -329,6 +329,9 @@ def test_bad_observations_are_refused_with_the_reason(tiny_pi0):
     images, state = torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(2, 2)
     with pytest.raises(OmniRLError, match=r"env 1's instruction .* over the limit of 48"):
         pi0_inputs(processor, images, ["go left", "go " * 30], state)
+    # the limit is the text's: 38 tokens of it beside the image's 16 pass
+    inputs = pi0_inputs(processor, images, ["go left", "go " * 12], state)
+    assert inputs.attention_mask.sum(-1).tolist() == [16 + 9, 16 + 38]
     with pytest.raises(OmniRLError, match="uint8"):
         pi0_inputs(processor, images.float(), ["a", "b"], state)
     with pytest.raises(OmniRLError, match="2 images, 1 instructions"):

@@ -3,6 +3,9 @@
     python tools/trace_memory.py CONFIG --world N [--model-config config.json]
         [--prompt-tokens P] [--decode-steps K] [--set a.b=c ...] [--checks fail|warn|off]
 
+(A flow_ppo config with a pi0 policy goes to ``tools/trace_flow.py``: behaviour cloning,
+the rollout and the PPO update, phase by phase.)
+
 No weights, no GPU: the config's model is built under PyTorch's ``FakeTensorMode`` (tensors
 with shapes, dtypes and devices but no data) from its architecture (``model.path``'s
 config.json, else ``tools/model_configs/<name>.json``, else ``--model-config``), joins a
@@ -125,6 +128,14 @@ MATMULS = INNER_PRODUCTS | {
 }
 # casts and copies change dtypes on purpose (FSDP2's fp32 gradient reduction, ``.float()``)
 COPIES = {aten._to_copy.default, aten.copy_.default, aten._foreach_copy_.default}
+# factories whose values are whatever memory held: never known
+UNINITIALIZED = {
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+}
 SCALAR_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 FAKE_TOLIST = FakeTensor.tolist
@@ -221,7 +232,9 @@ class KnownValues(TorchDispatchMode):
         tensors = [t for t in arg_tree_leaves(*args, **kwargs) if isinstance(t, torch.Tensor)]
         if func._schema.name.startswith("c10d::"):
             return self._collective(func, args, kwargs, tensors)
-        if all(self.known(t) for t in tensors) and torch.Tag.nondeterministic_seeded not in func.tags:
+        # a random operation's values are known when it draws from a generator it is given
+        seeded = torch.Tag.nondeterministic_seeded in func.tags and kwargs.get("generator") is None
+        if all(self.known(t) for t in tensors) and not seeded and func not in UNINITIALIZED:
             return self._known(func, args, kwargs, tensors)
         if func is aten._local_scalar_dense.default:
             self.unknown_reads[call_site()] += 1
@@ -710,7 +723,19 @@ def tracker_for(model, optimizer, fsdp: bool):
         return Tracker(model, optimizer)
     tracker = Tracker()
     tracker.track_external(model, optimizer)
+    # MemTracker hooks every parameter's gradient at its module's first forward, and a
+    # frozen one refuses the hook: those take a hook that is never called
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
     return tracker
+
+
+class NoHook:
+    """The handle of a gradient hook never installed."""
+
+    def remove(self) -> None:
+        pass
 
 
 class StopDecode(Exception):
@@ -1216,6 +1241,7 @@ def main() -> None:
     parser.add_argument("--same-length", action="store_true", help="a rank's prompts all of one length (no padding)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--demo-chunks", type=int, help="flow_ppo: demonstration chunks (default: 100 episodes')")
     args = parser.parse_args()
 
     import tempfile
@@ -1224,6 +1250,7 @@ def main() -> None:
 
     from omni_rl.engine.engine import resolve_precision, resolve_strategy
     from omni_rl.recipe_loader import load_config
+    from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
 
     torch.set_num_threads(args.threads)
     # the decode loop stops by an exception raised in the root's pre-forward hook: the
@@ -1231,6 +1258,11 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="module forward hook with ``always_call=True``")
     started = time.perf_counter()
     cfg = load_config(args.config, args.set)
+    if isinstance(cfg, FlowPPOConfig):  # a pi0 policy's run: tools/trace_flow.py
+        import trace_flow
+
+        trace_flow.main(cfg, args)
+        return
     world = args.world or (8 if cfg.model.path else 1)
     target = args.device or ("cuda" if cfg.run.device == "cuda" else "cpu")
     trainer = dataclasses.replace(cfg.trainer, precision=resolve_precision(cfg.trainer.precision, torch.device(target)))

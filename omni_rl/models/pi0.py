@@ -82,11 +82,12 @@ def tiny_pi0_config(
     )
 
 
-def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8):
+def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8, image_tokens: int = 16):
     """transformers' ``PI0Processor`` over an offline byte-level tokenizer (the 256
     bytes, then ``<pad>``, ``<bos>``, ``<eos>``; the processor adds ``<image>`` and
-    PaliGemma's location and segmentation tokens) and ``image_size``² images (16 tokens
-    each). No state statistics: ``pi0_inputs`` passes the state as it is."""
+    PaliGemma's location and segmentation tokens) and ``image_size``² images
+    (``image_tokens`` tokens each). No state statistics: ``pi0_inputs`` passes the state
+    as it is."""
     from transformers import PI0ImageProcessor, PI0Processor
 
     from omni_rl.models.tokenizer import byte_level_tokenizer
@@ -96,9 +97,20 @@ def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8):
     images = PI0ImageProcessor(
         size={"max_height": image_size, "max_width": image_size},
         pad_size={"height": image_size, "width": image_size},
-        image_seq_length=16,
+        image_seq_length=image_tokens,
     )
     return PI0Processor(images, tokenizer, max_state_dim=dims, chunk_size=chunk)
+
+
+def sized_pi0_processor(config, chunk: int):
+    """``tiny_pi0_processor`` sized for a PI0 ``config`` (its vision tower's image side and
+    tokens, its state size), for a checkpoint of a released model's shapes with random
+    weights; ``config``'s image token id becomes the processor's."""
+    vision = config.vlm_config.vision_config
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    processor = tiny_pi0_processor(vision.image_size, chunk, config.max_state_dim, tokens)
+    config.vlm_config.image_token_id = processor.image_token_id
+    return processor
 
 
 def build_tiny_pi0(out: str | Path, seed: int = 0, width: int = 64) -> Path:
@@ -500,8 +512,9 @@ def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: 
     and N states, through ``processor`` (a ``PI0Processor``): the images resized and
     normalized, each prompt ``<image>``s, ``<bos>``, instruction, newline, padded to the
     longest. The state is zero-padded to the processor's ``max_state_dim``, and
-    normalized by its statistics when it has them. An instruction that makes a prompt
-    longer than ``max_tokens`` is refused, naming it."""
+    normalized by its statistics when it has them. An instruction that makes the prompt's
+    text (its tokens but the image's) longer than ``max_tokens`` is refused, naming it
+    (pi_0 reads 48 tokens of text beside its 256 image tokens)."""
     if images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
         raise OmniRLError(
             f"pi0 observations: images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}"
@@ -511,12 +524,13 @@ def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: 
             f"pi0 observations: {images.shape[0]} images, {len(instructions)} instructions, {state.shape[0]} states"
         )
     batch = processor(images=[[image] for image in images], text=instructions, padding="longest", return_tensors="pt")
-    lengths = batch["attention_mask"].sum(-1)
+    text = batch["attention_mask"] * (batch["input_ids"] != processor.image_token_id)
+    lengths = text.sum(-1)
     if int(lengths.max()) > max_tokens:
         row = int(lengths.argmax())
         raise OmniRLError(
             f"pi0 observations: env {row}'s instruction {instructions[row]!r} makes a {int(lengths[row])}-token "
-            f"prompt, over the limit of {max_tokens}"
+            f"prompt besides the image's, over the limit of {max_tokens}"
         )
     state = state.float()
     if processor.state_mean is not None:
