@@ -185,6 +185,37 @@ def test_the_chain_logprob_is_the_hand_computed_one_and_scoring_repeats_sampling
     assert entropy.shape == (3,) and (entropy > -2).all()
 
 
+def test_a_ppo_forwards_graph_is_freed_by_its_backward(tiny_pi0):
+    """Every tensor a PPO forward saves for backward is released by the backward (the
+    critic's pass over the expert runs without a graph: its graph, never backpropagated,
+    stayed alive with the prefix's cache until the update ended)."""
+    import gc
+    import weakref
+
+    policy = pi0_policy(tiny_pi0, method="flow_noise").train()
+    obs = pi0_observations(policy)
+    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(3))
+
+    class Saved:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+    alive = weakref.WeakSet()
+
+    def pack(tensor):
+        saved = Saved(tensor)
+        alive.add(saved)
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved.tensor):
+        logp, entropy, value = policy.chain_logprob_value(obs, drawn.chain, drawn.stochastic)
+        assert len(alive) > 0
+        (logp.sum() + entropy.sum() + value.sum()).backward()
+    del logp, entropy, value
+    gc.collect()
+    assert len(alive) == 0
+
+
 def test_the_bc_loss_is_pi0s_own_flow_matching_loss(tiny_pi0):
     policy = pi0_policy(tiny_pi0)
     obs = pi0_observations(policy)

@@ -424,8 +424,9 @@ class Pi0FlowPolicy(FlowPolicy):
             return self.value_head(self.encoder.observation(obs).privileged).squeeze(-1)
         n = len(obs)
         still = torch.zeros(n, self.horizon, self.action_dim, device=obs.device, dtype=features.state.dtype)
-        _, tokens = self.backbone.velocity(features.prefix, features.state, still, torch.ones(n, device=obs.device))
-        return self.value_head(tokens.mean(1).detach()).squeeze(-1)
+        with torch.no_grad():  # the critic reads the expert's features, and trains none of the expert
+            _, tokens = self.backbone.velocity(features.prefix, features.state, still, torch.ones(n, device=obs.device))
+        return self.value_head(tokens.mean(1)).squeeze(-1)
 
     def chain_logprob_value(self, obs: Pi0Observation, chain: torch.Tensor, stochastic: torch.Tensor):
         """As ``FlowPolicy.chain_logprob_value``, the K steps run one after another over
