@@ -50,13 +50,13 @@ from torch.utils._mode_utils import no_dispatch
 from trace_memory import (
     GB,
     KINDS,
-    MODEL_CONFIGS,
     ROOT,
     KnownValues,
     Phases,
     Propagation,
     TensorsFromTensors,
     eager_masks,
+    model_json,
     provenance,
     rank0_row,
     tracker_for,
@@ -84,15 +84,7 @@ def pi0_architecture(cfg, model_config: Path | None) -> tuple[object, object, st
     from omni_rl.models.pi0 import sized_pi0_processor
 
     path = Path(cfg.policy.path or "")
-    if model_config is None:
-        for candidate in (path / "config.json", MODEL_CONFIGS / f"{path.name}.json"):
-            if candidate.is_file():
-                model_config = candidate
-                break
-        else:
-            raise SystemExit(f"no config.json for policy.path {cfg.policy.path}: pass --model-config PATH")
-    raw = json.loads(model_config.read_text())
-    raw.pop("_source", None)
+    raw, model_config = model_json(str(path), model_config)
     config = PI0Config(**{**raw, "chunk_size": cfg.policy.horizon})
     if (path / "processor_config.json").is_file():
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)

@@ -567,6 +567,21 @@ class Architecture:
     """Where the config came from."""
 
 
+def model_json(path: str, model_config: Path | None) -> tuple[dict, Path]:
+    """(the architecture's fields, the file they came from): ``model_config``, else
+    ``path``'s config.json, else ``tools/model_configs/<name of path>.json``."""
+    if model_config is None:
+        for candidate in (Path(path) / "config.json", MODEL_CONFIGS / f"{Path(path).name}.json"):
+            if candidate.is_file():
+                model_config = candidate
+                break
+        else:
+            raise SystemExit(f"no config.json for {path}: pass --model-config PATH")
+    raw = json.loads(model_config.read_text())
+    raw.pop("_source", None)
+    return raw, model_config
+
+
 def architecture(cfg, model_config: Path | None, work: Path) -> Architecture:
     """The config's model without its weights: a tiny model's checkpoint is written (it is
     small) and read back; a released model's config.json is ``model_config``, else the one
@@ -590,16 +605,7 @@ def architecture(cfg, model_config: Path | None, work: Path) -> Architecture:
         config = AutoConfig.from_pretrained(out, local_files_only=True)
         processor = AutoProcessor.from_pretrained(out, local_files_only=True)
         return Architecture(config, family_of(out), processor, f"tiny {cfg.model.tiny_family} (built here)")
-    if model_config is None:
-        name = Path(cfg.model.path).name
-        for candidate in (Path(cfg.model.path) / "config.json", MODEL_CONFIGS / f"{name}.json"):
-            if candidate.is_file():
-                model_config = candidate
-                break
-        else:
-            raise SystemExit(f"no config.json for {cfg.model.path}: pass --model-config PATH")
-    raw = json.loads(model_config.read_text())
-    raw.pop("_source", None)
+    raw, model_config = model_json(cfg.model.path, model_config)
     family = FAMILIES.get(raw["model_type"])
     tokenizer = build_tokenizer(family.tokens)
     tiny = family.tiny_config(tokenizer, 64)
