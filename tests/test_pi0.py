@@ -216,6 +216,29 @@ def test_a_ppo_forwards_graph_is_freed_by_its_backward(tiny_pi0):
     assert len(alive) == 0
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_the_critic_without_a_graph_gives_the_detached_critics_values_and_gradients(tiny_pi0, train):
+    """The critic's expert pass under no_grad against the same pass with a graph and its
+    features detached, on a mixed batch (instructions of two lengths, a missing camera):
+    the same values, the same gradients in the value head, none in the expert."""
+    policy = pi0_policy(tiny_pi0, method="flow_noise").train(train)
+    obs = pi0_observations(policy)
+    features = policy.encoder(obs)
+    value = policy.value(obs, features)
+    value.square().sum().backward()
+    grads = [p.grad.clone() for p in policy.value_head.parameters()]
+    assert all(p.grad is None for p in policy.backbone.parameters())
+    policy.zero_grad(set_to_none=True)
+
+    still = torch.zeros(len(obs), policy.horizon, policy.action_dim)
+    _, tokens = policy.backbone.velocity(features.prefix, features.state, still, torch.ones(len(obs)))
+    plain = policy.value_head(tokens.mean(1).detach()).squeeze(-1)
+    plain.square().sum().backward()
+    torch.testing.assert_close(value, plain, atol=0, rtol=0)
+    for got, want in zip(grads, (p.grad for p in policy.value_head.parameters()), strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_the_bc_loss_is_pi0s_own_flow_matching_loss(tiny_pi0):
     policy = pi0_policy(tiny_pi0)
     obs = pi0_observations(policy)

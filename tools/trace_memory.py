@@ -1247,7 +1247,7 @@ def main() -> None:
     parser.add_argument("--same-length", action="store_true", help="a rank's prompts all of one length (no padding)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--demo-chunks", type=int, help="flow_ppo: demonstration chunks (default: 100 episodes')")
+    parser.add_argument("--demo-chunks", type=int, help="flow_ppo: demonstration chunks (default: 100 episodes)")
     args = parser.parse_args()
 
     import tempfile
