@@ -215,17 +215,6 @@ def evaluate_success(policy, env, envs: EnvShare, episodes: int, first_seed: int
     return totals.totals()
 
 
-def binomial_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """Wilson's score interval for a success rate (95% with z = 1.96): unlike the
-    normal approximation it stays inside [0, 1] and holds near 0 and 1."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def episode_metrics(totals: list[float]) -> dict:
     """Training-episode metrics from (summed) :class:`EpisodeTotals`."""
     success, ret, length, count = totals

@@ -21,7 +21,7 @@ from omni_rl.algorithms.flow import (
 from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
 from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
-from omni_rl.sim.episodes import EnvShare, binomial_interval, evaluate_success
+from omni_rl.sim.episodes import EnvShare, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv
 
 
@@ -219,14 +219,6 @@ def test_gae_with_per_chunk_discounts_by_hand():
     delta1 = 1.0 + 0.5 * 1.0 - 0.5  # 1
     assert adv.flatten().tolist() == pytest.approx([delta1 + 0.5 * 1.0 * delta2, delta2])
     assert torch.allclose(returns, adv + values)
-
-
-def test_wilson_interval_by_hand():
-    # 50 of 200, z = 1.96: centre (0.25 + 3.8416/400) / (1 + 3.8416/200) = 0.254711,
-    # half-width 1.96 * sqrt(0.25 * 0.75 / 200 + 3.8416 / 160000) / 1.019208 = 0.059632
-    assert binomial_interval(50, 200) == pytest.approx((0.195079, 0.314343), abs=1e-5)
-    assert binomial_interval(0, 200)[0] == 0.0 and binomial_interval(200, 200)[1] == 1.0
-    assert binomial_interval(0, 200)[1] == pytest.approx(3.8416 / 203.8416, abs=1e-6)  # (z^2/n) / (1 + z^2/n)
 
 
 def test_hybrid_step_choices():

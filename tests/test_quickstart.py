@@ -8,33 +8,43 @@ from omni_rl.cli import main
 
 
 def test_quickstart_small_run(tmp_path, capsys):
-    args = [
-        "quickstart",
-        "--set",
-        f"run.output_dir={tmp_path}",
-        "--set",
-        "data.train_videos=4",
-        "--set",
-        "data.heldout_videos=2",
-        "--set",
+    args = ["quickstart", "--set", f"run.output_dir={tmp_path}"]
+    for override in (
+        "data.train_clips=8",
+        "data.heldout_clips=8",
         "sft.trainer.steps=3",
-        "--set",
         "grpo.trainer.steps=2",
-        "--set",
         "grpo.rollout.n=2",
-        "--set",
         "grpo.data.prompts_per_step=2",
-    ]
+    ):
+        args += ["--set", override]
     assert main(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary) >= {"heldout_accuracy_sft", "heldout_accuracy_rl", "per_type", "seconds"}
     assert 0 <= summary["heldout_accuracy_sft"] <= 1 and 0 <= summary["heldout_accuracy_rl"] <= 1
-    assert summary["heldout_rows"] == 8
-    assert set(summary["per_type"]) == {"multiple_choice", "counting", "temporal_grounding"}
+    assert summary["heldout_rows"] == 8 and summary["blank_frames"] is False and summary["shuffle_frames"] is False
+    kinds = {"video_direction", "video_order", "video_count", "video_when"}
+    assert set(summary["per_source"]) == kinds and set(summary["per_type"]) == {"multiple_choice"}
+    for entry in [*summary["per_source"].values(), summary["overall"]]:
+        assert entry["chance"] == 0.5 and entry["sft_ci95"][0] <= entry["sft"] <= entry["sft_ci95"][1]
+        assert entry["gain"] == pytest.approx(entry["rl"] - entry["sft"])
+        assert entry["gain_ci95"][0] <= entry["gain"] <= entry["gain_ci95"][1]
+    assert summary["overall"]["rows"] == 8 and summary["per_source"]["video_when"]["rows"] == 2
+    # the cold start learned the answers shuffled within each kind
+    train = [json.loads(line) for line in (tmp_path / "data" / "train" / "data.jsonl").read_text().splitlines()]
+    sft_rows = [json.loads(line) for line in (tmp_path / "data" / "train" / "sft.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in sft_rows] == [r["id"] for r in train[: len(sft_rows)]]
+    for kind in kinds:
+        mine = [r["answer"] for r in sft_rows if r["data_source"] == kind]
+        assert sorted(mine) == sorted(r["answer"] for r in train[: len(sft_rows)] if r["data_source"] == kind)
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
-    assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 2
-    assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()
-    assert "held-out after RL" in capsys.readouterr().out
+    grpo_rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(grpo_rows) == 2
+    # the held-out set is scored during GRPO (at the end here), per kind too, and plotted
+    assert grpo_rows[-1]["eval/heldout/accuracy"] == summary["heldout_accuracy_rl"]
+    assert grpo_rows[-1]["eval/heldout/accuracy/source/video_when"] == summary["per_source"]["video_when"]["rl"]
+    assert (tmp_path / "plots" / "grpo" / "eval_heldout_accuracy.png").is_file()
+    out = capsys.readouterr().out
+    assert "after GRPO" in out and "video_direction" in out
 
 
 def test_sim_quickstart_small_run(tmp_path, capsys):
@@ -131,4 +141,4 @@ def test_audio_quickstart_small_run(tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["data/cache_misses"] == 0  # the audio came from the cache
     assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()
-    assert "held-out after RL" in capsys.readouterr().out
+    assert "after GRPO" in capsys.readouterr().out

@@ -12,19 +12,21 @@ filled with what the quickstart generates.
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from omni_rl.algorithms.stats import binomial_interval, paired_gain
 from omni_rl.config import save_config
+from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
-from omni_rl.demos.quickstart_config import QuickstartConfig, QuickstartData
+from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
 from omni_rl.evaluation.pipeline import evaluate_rows
-from omni_rl.evaluation.summary import rows_table
 from omni_rl.models import load
+from omni_rl.preprocess.motion import write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
-from omni_rl.preprocess.scenes import write_video_qa
 from omni_rl.recipes import grpo, sft
 from omni_rl.runtime import apply_run_settings
 
@@ -38,20 +40,20 @@ def split_rows(data: Path, fraction: float, out: Path) -> Path:
     return out
 
 
-def _write_split(d: QuickstartData, out: Path, videos: int, seed: int) -> Path:
-    """One split of the synthetic video-QA set; returns its dataset path."""
-    return write_video_qa(
-        out,
-        videos,
-        seed,
-        d.seconds,
-        d.fps,
-        d.width,
-        d.height,
-        blank=d.blank_frames,
-        shuffle_options=d.shuffle_options,
-        uniform=d.uniform_scenes,
-    )
+def shuffle_answers(data: Path, seed: int) -> Path:
+    """Rewrite ``data`` with its answers permuted among the rows of each data source
+    (so each kind keeps its balance of answers, and no answer says what its clip shows);
+    returns ``data``."""
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rng = random.Random(seed)
+    for source in sorted({r["data_source"] for r in rows}):
+        mine = [r for r in rows if r["data_source"] == source]
+        answers = [r["answer"] for r in mine]
+        rng.shuffle(answers)
+        for row, answer in zip(mine, answers, strict=True):
+            row["answer"] = answer
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
 
 
 def _held_out(cfg, model_dir: Path, dataset: MediaDataset) -> dict:
@@ -61,13 +63,17 @@ def _held_out(cfg, model_dir: Path, dataset: MediaDataset) -> dict:
     )
 
 
-def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None = None, **tiny):
+def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None = None, heldout=None, **tiny):
     """A recipe's config (``cfg.sft`` or ``cfg.grpo``) with what the quickstart generates
     filled in: its run and media, the tiny model (or ``model_path``; ``tiny``: more
-    ``model.tiny_*`` settings), the rows and cache."""
+    ``model.tiny_*`` settings), the rows and cache, and ``heldout`` (rows) as its
+    evaluation set (``trainer.eval_every`` sets how often)."""
     model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width, **tiny)
     cache = str(Path(cfg.run.output_dir) / "cache")
     data = replace(recipe_cfg.data, train=str(rows), cache=cache, prompt_template=cfg.data.prompt_template)
+    if heldout is not None:
+        tokens = cfg.grpo.rollout.max_new_tokens
+        data = replace(data, eval=[EvalSetConfig(data=str(heldout), name="heldout", max_new_tokens=tokens)])
     run = replace(cfg.run, output_dir=str(run_dir), overwrite=True)  # a rerun of the quickstart starts afresh
     return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
@@ -89,31 +95,77 @@ def run_phases(cfg, train: Path, sft_rows: Path, heldout: Path, **tiny) -> tuple
     after_sft = _held_out(cfg, sft_model, heldout_set)
 
     # GRPO: from the SFT checkpoint, on the whole training set
-    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model), **tiny))
+    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model), heldout=heldout, **tiny))
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
     return after_sft, after_rl
 
 
-def write_summary(out: Path, after_sft: dict, after_rl: dict, started: float, **extra) -> dict:
-    """``summary.json`` (held-out accuracy after SFT and after RL, per problem type and
-    data source, ``extra``, seconds), curve PNGs, and both tables printed."""
+def _chance(row: dict) -> float | None:
+    """Accuracy of a uniform guess at a multiple-choice row (None without options)."""
+    return 1 / len(row["options"]) if row.get("options") else None
+
+
+def compare(heldout: Path, after_sft: dict, after_rl: dict) -> dict:
+    """Per data source and ``overall``: held-out rows, chance, accuracy after SFT and
+    after RL with 95% intervals (``*_ci95``), and the gain with the 95% interval of the
+    paired difference over the same questions. Rows scored in only one of the two
+    evaluations are left out of both."""
+    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
+    before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
+    groups: dict[str, list[dict]] = {"overall": []}
+    for row in rows:
+        if row["id"] in before and row["id"] in after:
+            groups.setdefault(row.get("data_source") or "unknown", []).append(row)
+            groups["overall"].append(row)
+    result = {}
+    for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
+        sft_scores, rl_scores = [before[r["id"]] for r in mine], [after[r["id"]] for r in mine]
+        chances = [_chance(r) for r in mine]
+        gain, low, high = paired_gain(sft_scores, rl_scores) if mine else (0.0, 0.0, 0.0)
+        entry = {"rows": len(mine), "chance": None if None in chances or not mine else sum(chances) / len(mine)}
+        for phase, scores in (("sft", sft_scores), ("rl", rl_scores)):
+            entry[phase] = sum(scores) / max(len(scores), 1)
+            entry[f"{phase}_ci95"] = [round(x, 4) for x in binomial_interval(sum(scores), len(scores))]
+        result[name] = entry | {"gain": gain, "gain_ci95": [round(low, 4), round(high, 4)]}
+    return result
+
+
+def compare_table(compared: dict) -> str:
+    """``compare``'s result as a plain-text table."""
+
+    def cell(entry, phase):
+        low, high = entry[f"{phase}_ci95"]
+        return f"{entry[phase]:.2f} [{low:.2f}, {high:.2f}]"
+
+    lines = [f"{'held out':<22}{'rows':>6}{'chance':>8}   {'after SFT':<18}{'after GRPO':<18}gain [95%]"]
+    for name, e in compared.items():
+        chance = "-" if e["chance"] is None else f"{e['chance']:.2f}"
+        low, high = e["gain_ci95"]
+        gain = f"{e['gain']:+.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"{name:<22}{e['rows']:>6}{chance:>8}   {cell(e, 'sft'):<18}{cell(e, 'rl'):<18}{gain}")
+    return "\n".join(lines)
+
+
+def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, started: float, **extra) -> dict:
+    """``summary.json`` (held-out accuracy after SFT and after RL, per problem type, and
+    per data source with chance, 95% intervals and the gain, ``extra``, seconds), curve
+    PNGs, and the comparison printed. ``heldout``: the held-out rows' dataset file."""
+    compared = compare(heldout, after_sft, after_rl)
     summary = {
         "heldout_accuracy_sft": after_sft["accuracy"],
         "heldout_accuracy_rl": after_rl["accuracy"],
+        "overall": compared.pop("overall"),
         "per_type": {
             t: {"sft": after_sft["per_type"][t], "rl": after_rl["per_type"][t]} for t in after_sft["per_type"]
         },
-        "per_source": {
-            s: {"sft": after_sft["per_source"][s], "rl": after_rl["per_source"][s]} for s in after_sft["per_source"]
-        },
+        "per_source": compared,
         "heldout_rows": after_rl["rows"],
         **extra,
         "seconds": round(time.perf_counter() - started, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plots(out)
-    print("held-out after SFT:\n" + rows_table(after_sft))
-    print("held-out after RL:\n" + rows_table(after_rl))
+    print(compare_table(compared | {"overall": summary["overall"]}))
     return summary
 
 
@@ -132,11 +184,15 @@ def main(cfg: QuickstartConfig) -> dict:
     started, out, runtime = begin(cfg)
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
-    train = _write_split(d, out / "data" / "train", d.train_videos, cfg.run.seed)
-    heldout = _write_split(d, out / "data" / "heldout", d.heldout_videos, cfg.run.seed + 10_000)
+    controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames}
+    train = write_motion_qa(out / "data" / "train", d.train_clips, cfg.run.seed, **controls)
+    heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, **controls)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
+    if d.sft_shuffled_answers:
+        shuffle_answers(sft_rows, cfg.run.seed)
     after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
-    return write_summary(out, after_sft, after_rl, started, blank_frames=d.blank_frames, runtime=runtime)
+    controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
+    return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
 
 
 def _plots(out: Path) -> None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.demos import quickstart_sim
 from omni_rl.demos.quickstart_vla_config import QuickstartVLAConfig
 from omni_rl.models.pi0 import Pi0FlowPolicy, build_tiny_pi0
 from omni_rl.recipes.flow_ppo import interval_summary
 from omni_rl.sim import make_vec_env
-from omni_rl.sim.episodes import EnvShare, binomial_interval, evaluate_success
+from omni_rl.sim.episodes import EnvShare, evaluate_success
 
 
 def main(cfg: QuickstartVLAConfig) -> dict:

@@ -152,7 +152,11 @@ class HeldOut:
         flat_metrics = {"accuracy": summary["accuracy"], "rows": summary["rows"], "skipped": skipped}
         if "sampled_accuracy" in summary:
             flat_metrics["sampled_accuracy"] = summary["sampled_accuracy"]
-        return flat_metrics | {f"accuracy/{k}": v for k, v in summary["per_type"].items()}
+        return (
+            flat_metrics
+            | {f"accuracy/{k}": v for k, v in summary["per_type"].items()}
+            | {f"accuracy/source/{k}": v for k, v in summary["per_source"].items()}
+        )
 
     # ------------------------------------------------------------------ best model
 

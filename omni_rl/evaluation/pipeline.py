@@ -31,16 +31,19 @@ def evaluate_rows(
     ``temperature``); a row's accuracy is its best completion's (pass@k for k > 1).
 
     Returns ``summarize``'s summary (accuracy, per_type, per_source, rows, ...) with
-    rows_read, refused_rows (when the dataset loaded) and skipped_rows (media that did
-    not decode)."""
+    row_accuracy ({row id: accuracy}), rows_read, refused_rows (when the dataset
+    loaded) and skipped_rows (media that did not decode)."""
     sampling = SamplingParams(temperature=0.0 if samples == 1 else temperature, max_new_tokens=max_new_tokens)
     answered, failures = answer_rows(
         model, processor, dataset, sampling, samples, my_share(dataset), batch_prompts, progress
     )
     answers, failures = gathered(answered, failures)
+    scored = score_rows(dataset.rows, answers, settings)
+    ids = [row.id for row in dataset.rows if row.id in answers]  # score_rows' order
     # rows read = scored + refused when the dataset loaded + skipped while reading media
     return {
-        **summarize(score_rows(dataset.rows, answers, settings), samples),
+        **summarize(scored, samples),
+        "row_accuracy": {row_id: best for row_id, (_, _, best, _) in zip(ids, scored, strict=True)},
         "rows_read": dataset.read,
         "refused_rows": len(dataset.failures),
         "skipped_rows": len(failures),

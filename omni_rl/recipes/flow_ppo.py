@@ -41,6 +41,7 @@ from omni_rl.algorithms.advantages import grpo_advantages
 from omni_rl.algorithms.flow import reduce_logprob
 from omni_rl.algorithms.losses import clipped_policy_loss
 from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
+from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.engine import distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
@@ -64,7 +65,6 @@ from omni_rl.sim.episodes import (
     ChunkBuffer,
     EnvShare,
     EpisodeTotals,
-    binomial_interval,
     collect,
     episode_metrics,
     episode_seeds,

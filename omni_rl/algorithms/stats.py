@@ -1,0 +1,30 @@
+"""Intervals for evaluation figures: a success rate's, and a paired gain's."""
+
+from __future__ import annotations
+
+import math
+
+
+def binomial_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's score interval for a success rate (95% with z = 1.96): unlike the
+    normal approximation it stays inside [0, 1] and holds near 0 and 1."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_gain(before: list[float], after: list[float], z: float = 1.96) -> tuple[float, float, float]:
+    """(mean, low, high) of ``after - before`` over the same items (95% with z = 1.96):
+    the normal interval of the mean of per-item differences, which, unlike two
+    separate intervals, credits that both were measured on the same questions."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need two equal, non-empty lists of scores (got {len(before)} and {len(after)})")
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    half = z * spread / math.sqrt(n)
+    return mean, mean - half, mean + half
