@@ -103,7 +103,8 @@ def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = Fa
 
     Controls: ``blank`` writes the same rows over empty frames (how much accuracy needs
     the pixels); ``shuffle`` writes each clip's frames in a random order (how much
-    needs their order; every kind does).
+    needs their order: direction, order and when do; a count can still be read from
+    how many frames show the square, 2 or 4).
     """
     out = Path(out)
     rng = np.random.default_rng(seed)

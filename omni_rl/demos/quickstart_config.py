@@ -49,8 +49,9 @@ class QuickstartData:
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay at chance)."""
     shuffle_frames: bool = False
-    """Control run: each clip's frames in a random order (every kind needs the order, so
-    accuracy should stay at chance)."""
+    """Control run: each clip's frames in a random order (direction, order and when
+    need the order and should fall to chance; a count can still be read from how many
+    frames show the square)."""
     prompt_template: str = "{problem}{options}"
     """How rows become questions."""
 
