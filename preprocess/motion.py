@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_rl.preprocess.scenes import BACKGROUND, COLORS
-from omni_rl.preprocess.synthetic import write_video
+from omni_rl.preprocess.synthetic import balanced_choices, choice_row, write_video
 
 KINDS = ("direction", "order", "count", "when")
 QUESTIONS = {
@@ -28,7 +28,6 @@ QUESTIONS = {
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
 }
-LETTERS = "AB"
 FRAMES = 16
 """Frames per clip (8 pairs)."""
 FPS = 8
@@ -109,10 +108,7 @@ def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = Fa
     out = Path(out)
     rng = np.random.default_rng(seed)
     rows = []
-    for i in range(clips):
-        kind = KINDS[i % len(KINDS)]
-        question, options = QUESTIONS[kind]
-        answer = (i // len(KINDS)) % len(options)
+    for i, kind, question, options, answer in balanced_choices(clips, KINDS, QUESTIONS):
         frames = clip(kind, answer, rng)
         if blank:
             frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
@@ -120,17 +116,7 @@ def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = Fa
             frames = frames[np.random.default_rng([seed, i]).permutation(FRAMES)]
         name = f"media/clip_{i:05d}.mp4"
         write_video(out / name, frames, FPS)
-        rows.append(
-            {
-                "id": f"clip{i:05d}-{kind}",
-                "problem": question,
-                "problem_type": "multiple_choice",
-                "options": options,
-                "answer": LETTERS[answer],
-                "videos": [name],
-                "data_source": f"video_{kind}",
-            }
-        )
+        rows.append(choice_row(f"clip{i:05d}-{kind}", question, options, answer, "videos", name, f"video_{kind}"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out / "data.jsonl"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_rl.preprocess.synthetic import tone, write_wav
+from omni_rl.preprocess.synthetic import balanced_choices, choice_row, tone, write_wav
 
 SAMPLE_RATE = 16_000
 KINDS = ("higher", "count", "order", "louder")
@@ -25,7 +25,6 @@ QUESTIONS = {
     "order": ("Which comes first, the high tone or the low tone?", ["high", "low"]),
     "louder": ("Is the second tone louder or softer than the first?", ["louder", "softer"]),
 }
-LETTERS = "ABCD"
 # every clip lasts this long (silence after the sound), so that its length, which the
 # number of audio tokens follows, tells nothing about the answer
 CLIP_SECONDS = 1.6
@@ -97,23 +96,10 @@ def write_audio_qa(out: str | Path, clips: int, seed: int = 0, silent: bool = Fa
     out = Path(out)
     rng = np.random.default_rng(seed)
     rows = []
-    for i in range(clips):
-        kind = KINDS[i % len(KINDS)]
-        question, options = QUESTIONS[kind]
-        answer = (i // len(KINDS)) % len(options)
+    for i, kind, question, options, answer in balanced_choices(clips, KINDS, QUESTIONS):
         wave = clip(kind, answer, rng)
         name = f"media/clip_{i:05d}.wav"
         write_wav(out / name, np.zeros_like(wave) if silent else wave)
-        rows.append(
-            {
-                "id": f"clip{i:05d}-{kind}",
-                "problem": question,
-                "problem_type": "multiple_choice",
-                "options": options,
-                "answer": LETTERS[answer],
-                "audios": [name],
-                "data_source": f"audio_{kind}",
-            }
-        )
+        rows.append(choice_row(f"clip{i:05d}-{kind}", question, options, answer, "audios", name, f"audio_{kind}"))
     (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out / "data.jsonl"

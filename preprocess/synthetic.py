@@ -119,3 +119,27 @@ def write_image(path: str | Path, pixels: np.ndarray) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(path)
     return path
+
+
+def balanced_choices(count: int, kinds: tuple[str, ...], questions: dict[str, tuple[str, list[str]]]):
+    """Yield ``(index, kind, question, options, answer index)`` for ``count``
+    multiple-choice questions: the kinds cycle and, within each kind, so do the answers,
+    so both are balanced and chance is known. ``questions``: kind -> (text, options)."""
+    for i in range(count):
+        kind = kinds[i % len(kinds)]
+        question, options = questions[kind]
+        yield i, kind, question, options, (i // len(kinds)) % len(options)
+
+
+def choice_row(row_id: str, question: str, options: list[str], answer: int, media: str, path: str, source: str):
+    """A multiple-choice dataset row whose answer is option ``answer``'s letter, with
+    one file under ``media`` (``videos``, ``audios``)."""
+    return {
+        "id": row_id,
+        "problem": question,
+        "problem_type": "multiple_choice",
+        "options": options,
+        "answer": "ABCDEFGH"[answer],
+        media: [path],
+        "data_source": source,
+    }
