@@ -68,6 +68,53 @@ def _bf16(source: Path, out: Path) -> Path:
     return out
 
 
+RELEASED = Path(__file__).parent.parent / "tools" / "model_configs"
+
+
+def _dtype_keys(config: dict, prefix: tuple = ()) -> list[tuple[str, ...]]:
+    """The key paths of every ``dtype``/``torch_dtype`` entry in a config."""
+    found = []
+    for key, value in config.items():
+        if key in ("dtype", "torch_dtype"):
+            found.append((*prefix, key))
+        elif isinstance(value, dict):
+            found += _dtype_keys(value, (*prefix, key))
+    return found
+
+
+def _released_dtype_layout(checkpoint: Path, released: str) -> Path:
+    """``checkpoint``'s config.json with its dtype entries moved where the released
+    config ``tools/model_configs/<released>.json`` keeps them (and spelled as it does)."""
+    want = _dtype_keys(json.loads((RELEASED / f"{released}.json").read_text()))
+    config = json.loads((checkpoint / "config.json").read_text())
+    name = next(config[k] for k in ("dtype", "torch_dtype") if config.get(k))
+    for keys in _dtype_keys(config):
+        section = config
+        for key in keys[:-1]:
+            section = section[key]
+        del section[keys[-1]]
+    for keys in want:
+        section = config
+        for key in keys[:-1]:
+            section = section.setdefault(key, {})
+        section[keys[-1]] = name
+    (checkpoint / "config.json").write_text(json.dumps(config, indent=2))
+    return checkpoint
+
+
+@pytest.mark.parametrize(
+    "released", ["Qwen2.5-VL-7B-Instruct", "Qwen3-VL-8B-Instruct", "Qwen2-Audio-7B-Instruct", "pi0_base"]
+)
+def test_the_stored_dtype_is_read_where_each_released_config_keeps_it(tmp_path, released):
+    """Qwen2.5-VL keeps ``torch_dtype`` at the top, Qwen3-VL ``dtype`` in ``text_config``
+    alone, Qwen2-Audio ``torch_dtype`` in ``text_config`` alone; pi0_base names none."""
+    from omni_rl.models.weights import stored_dtype
+
+    (tmp_path / "config.json").write_text((RELEASED / f"{released}.json").read_text())
+    want = torch.float32 if released == "pi0_base" else torch.bfloat16
+    assert stored_dtype(tmp_path, default=torch.float32) == want
+
+
 FILL_ON_RANKS = r"""
 import json, sys
 from pathlib import Path
@@ -105,6 +152,7 @@ for path in sorted(p for p in (root / "models").iterdir()):
         "same_keys": sorted(full) == sorted(want),
         "weights": max(float((full[k] - want[k]).abs().max()) for k in want),
         "dtypes": sorted({str(v.dtype) for v in full.values()}),
+        "stored": str(model.omni_rl_stored.dtype),  # what rank 0 reads, broadcasts and exports in
         "buffers": sorted(k for k in want_buffers if k not in persistent),
         "buffer_diff": max(float((buffers[k] - want_buffers[k]).abs().max()) for k in want_buffers),
         "logits": float((logits - want_logits).abs().max()),
@@ -128,6 +176,9 @@ def fill_rows(tmp_path_factory):
         build_tiny(family, models / family)
     _tied(models / "tied_qwen2_vl")
     _bf16(models / "qwen2_5_vl", models / "bf16_qwen2_5_vl")
+    # bf16 checkpoints whose config.json keeps the dtype where the released one does
+    _released_dtype_layout(_bf16(models / "qwen3_vl", models / "bf16_qwen3_vl"), "Qwen3-VL-8B-Instruct")
+    _released_dtype_layout(_bf16(models / "qwen2_audio", models / "bf16_qwen2_audio"), "Qwen2-Audio-7B-Instruct")
     return root, _launch(FILL_ON_RANKS, 2, str(root))
 
 
@@ -140,13 +191,14 @@ def test_fsdp2_load_on_two_processes_equals_a_plain_load_for_every_family(fill_r
     inv_freq, the audio encoder's sinusoids) and gives the same logits; tied embeddings
     stay tied."""
     _, rows = fill_rows
-    names = {*FAMILIES, "tied_qwen2_vl", "bf16_qwen2_5_vl"}
+    names = {*FAMILIES, "tied_qwen2_vl", "bf16_qwen2_5_vl", "bf16_qwen3_vl", "bf16_qwen2_audio"}
     assert {(r["rank"], r["name"]) for r in rows} == {(rank, name) for rank in (0, 1) for name in names}
     for row in rows:
         assert row["built_empty"] and row["sharded"] and row["same_keys"], row
         assert row["weights"] == 0.0 and row["buffer_diff"] == 0.0, row
         assert row["logits"] <= 1e-5, row
         assert row["dtypes"] == ["torch.float32"], row  # a bf16 checkpoint fills fp32 master weights
+        assert row["stored"] == ("torch.bfloat16" if row["name"].startswith("bf16") else "torch.float32"), row
         assert "inv_freq" in " ".join(row["buffers"]), row
         assert row["still_tied"] == row["tied"] == (row["name"] == "tied_qwen2_vl"), row
     omni = next(r for r in rows if r["name"] == "qwen2_5_omni")

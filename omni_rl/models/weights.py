@@ -51,10 +51,12 @@ class StoredWeights:
 
 def stored_dtype(path: Path, default: torch.dtype) -> torch.dtype:
     """The dtype the checkpoint's config.json names (``dtype``, or ``torch_dtype`` as
-    transformers 4 wrote it; an Omni checkpoint's thinker section may carry it alone),
-    else ``default``."""
+    transformers 4 wrote it), else ``default``. Released configs keep it at the top
+    (Qwen2.5-VL), in ``text_config`` alone (Qwen3-VL, Qwen2-Audio), or in an Omni
+    model's thinker section; the first found in that order counts."""
     config = json.loads((path / "config.json").read_text())
-    for section in (config, config.get("thinker_config") or {}):
+    thinker = config.get("thinker_config") or {}
+    for section in (config, config.get("text_config") or {}, thinker, thinker.get("text_config") or {}):
         name = section.get("dtype") or section.get("torch_dtype")
         if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
