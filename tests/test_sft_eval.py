@@ -122,7 +122,8 @@ def test_rows_eval_and_training_eval_score_alike(tmp_path, shapes, monkeypatch):
     assert during["step"] == 3 and during["skipped_rows"] == 0
     assert metrics["eval/held/accuracy"] == rows["accuracy"] and metrics["eval/held/rows"] == 16
     per_type = {k.removeprefix("eval/held/accuracy/"): v for k, v in metrics.items() if "accuracy/" in k}
-    assert per_type == rows["per_type"]
+    per_source = {k.removeprefix("source/"): per_type.pop(k) for k in list(per_type) if k.startswith("source/")}
+    assert per_type == rows["per_type"] and per_source == rows["per_source"] == {"synthetic_shapes": 0.5}
 
 
 def test_a_set_listed_greedy_and_sampled_logs_both_accuracies(tmp_path, shapes, monkeypatch):

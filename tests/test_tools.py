@@ -34,7 +34,7 @@ def test_bench_cache_small_run(tmp_path):
         "3",
         "--train-steps",
         "1",
-        "--quickstart-videos",
+        "--quickstart-clips",
         "4",
     ]
     lines = run_tool("bench_cache.py", args, cwd=tmp_path)

@@ -1,7 +1,7 @@
 """Benchmark the media cache against decoding raw files, side by side in one run.
 
     python tools/bench_cache.py [--videos 48 --seconds 10 --fps 30 --width 640 --height 480]
-                                [--steps 40 --train-steps 8 --quickstart-videos 200]
+                                [--steps 40 --train-steps 8 --quickstart-clips 800]
 
 Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel frame budget:
   1. preprocessing throughput (videos/s) with 1 and 2 workers, each into a fresh cache;
@@ -33,11 +33,12 @@ import torch
 
 from omni_rl.data.dataset import MediaDataset, encode_sample
 from omni_rl.data.sampler import PromptSampler
-from omni_rl.demos.quickstart import _filled, _write_split
+from omni_rl.demos.quickstart import _filled
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.models import build_tiny, load
 from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.image import ImageBudget
+from omni_rl.preprocess.motion import write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.scenes import random_scene, render
 from omni_rl.preprocess.synthetic import write_video
@@ -132,14 +133,12 @@ def step_seconds(dataset: MediaDataset, processor, steps: int, prompts_per_step:
     return statistics.median(media), statistics.median(inputs)
 
 
-def quickstart_steps(
-    cfg: QuickstartConfig, out: Path, steps: int, videos: int | None
-) -> dict[str, tuple[float, float]]:
+def quickstart_steps(cfg: QuickstartConfig, out: Path, steps: int, clips: int | None) -> dict[str, tuple[float, float]]:
     """Median seconds per GRPO step of the quickstart's data, (media only, model inputs),
-    from raw files and from the cache; ``videos``: scenes in its training split (default:
+    from raw files and from the cache; ``clips``: clips in its training split (default:
     the quickstart's)."""
-    videos = videos or cfg.data.train_videos
-    train = _write_split(cfg.data, out / "data", videos, cfg.run.seed)  # the quickstart's own writer
+    clips = clips or cfg.data.train_clips
+    train = write_motion_qa(out / "data" / "train", clips, cfg.run.seed)  # the quickstart's own writer
     budgets = Budgets.from_config(cfg.media)
     shutil.rmtree(out / "cache", ignore_errors=True)
     report = preprocess(train, out / "cache", budgets, workers=1, progress=False)
@@ -189,7 +188,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps of quickstart data timed per mode")
     parser.add_argument("--train-steps", type=int, default=8, help="whole GRPO steps timed per mode")
-    parser.add_argument("--quickstart-videos", type=int, default=None, help="scenes (default: the quickstart's 200)")
+    parser.add_argument("--quickstart-clips", type=int, default=None, help="clips (default: the quickstart's 800)")
     args = parser.parse_args()
     set_threads(args.threads)
 
@@ -222,7 +221,7 @@ def main() -> None:
     print(f"sample ratio raw/cache:    {raw / cached:8.2f}")
 
     quickstart = QuickstartConfig()
-    steps, train = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_videos)
+    steps, train = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_clips)
     whole = quickstart_train_seconds(quickstart, args.out / "quickstart", train, args.train_steps)
     (raw_media, raw_step), (cached_media, cached_step) = steps["raw"], steps["cache"]
     per_step = quickstart.grpo.data.prompts_per_step
