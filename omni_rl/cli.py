@@ -677,6 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``omni-rl`` console script."""
     args = build_parser().parse_args(argv)
+    from omni_rl.runtime import use_expandable_segments
+
+    use_expandable_segments()  # before anything touches CUDA
     try:
         return args.handler(args) or 0
     except OmniRLError as err:

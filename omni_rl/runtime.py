@@ -108,9 +108,32 @@ def _warn_once(message: str) -> None:
 
 
 def apply_run_settings(run: RunConfig) -> dict:
-    """Threads and CPU kernels of ``run`` set for this process; returns what is in force
-    (``{"threads": ..., "cpu_kernels": ...}``) for the run's summary."""
+    """Threads and CPU kernels of ``run`` set for this process (and the CUDA allocator's
+    settings, ``use_expandable_segments``); returns what is in force (``{"threads": ...,
+    "cpu_kernels": ...}``) for the run's summary."""
+    use_expandable_segments()
     return {"threads": set_threads(run.threads), "cpu_kernels": pin_cpu_kernels(run.cpu_kernels)}
+
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def use_expandable_segments() -> str | None:
+    """On a machine with CUDA, let the caching allocator grow segments in place
+    (``expandable_segments:True``) unless the user set ``PYTORCH_CUDA_ALLOC_CONF``:
+    rollout and update alternate tensor shapes, which otherwise fragment the cache into
+    blocks neither can reuse. It must be set before CUDA's first allocation; the
+    ``omni-rl`` command sets it first thing. Returns the setting in force (None without
+    CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    if ALLOC_CONF in os.environ:
+        return os.environ[ALLOC_CONF]
+    if torch.cuda.is_initialized():
+        _log.warning("%s set after CUDA started: it applies from the next process on", ALLOC_CONF)
+    os.environ[ALLOC_CONF] = "expandable_segments:True"
+    _log.info("%s=expandable_segments:True (set %s to choose otherwise)", ALLOC_CONF, ALLOC_CONF)
+    return os.environ[ALLOC_CONF]
 
 
 def seed_everything(seed: int) -> None:

@@ -216,3 +216,33 @@ def test_a_checkpoint_resumes_weights_an_earlier_phase_trained_and_parameters_wi
     step(resumed)
     for (name, want), got in zip(net.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(want, got), name
+
+
+def test_adamw_runs_fused_on_cuda_and_foreach_elsewhere(caplog):
+    from omni_rl.engine.config import adamw_kernel
+
+    assert adamw_kernel(torch.device("cuda", 0)) == "fused"
+    assert adamw_kernel(torch.device("cpu")) == adamw_kernel(None) == "foreach"
+    net = torch.nn.Linear(4, 3)
+    with caplog.at_level("INFO", logger="omni_rl.engine.config"):
+        engine = TrainingEngine(net, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
+    assert engine.optimizer.defaults["foreach"] is True and not engine.optimizer.defaults["fused"]
+    assert "AdamW: the foreach kernel" in caplog.text
+
+
+def test_foreach_adamw_steps_to_the_bit_like_the_per_tensor_loop():
+    """The CPU kernel the engine picks changes no documented figure: 20 AdamW steps with
+    weight decay on tensors of several shapes end bitwise equal to torch's per-tensor loop."""
+    torch.manual_seed(0)
+    start = [torch.randn(shape) for shape in ((64, 32), (7,), (3, 5, 7))]
+    ends = []
+    for foreach in (False, True):
+        params = [p.clone().requires_grad_() for p in start]
+        optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=foreach)
+        grads = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=grads)
+            optimizer.step()
+        ends.append([p.detach() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*ends, strict=True))

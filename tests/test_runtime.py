@@ -107,3 +107,17 @@ def test_a_pin_that_comes_too_late_leaves_the_environment_of_later_processes_alo
         assert not any(name in os.environ for name in AVX2_KERNELS)
     else:  # the process already ran AVX2 kernels: its children are pinned the same way
         assert all(os.environ.get(name) == value for name, value in AVX2_KERNELS.items())
+
+
+def test_expandable_segments_on_cuda_unless_the_user_chose(monkeypatch):
+    from omni_rl import runtime
+
+    monkeypatch.setenv(runtime.ALLOC_CONF, "")  # so that teardown restores the variable as it was
+    monkeypatch.delenv(runtime.ALLOC_CONF)
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    assert runtime.use_expandable_segments() is None and runtime.ALLOC_CONF not in os.environ
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runtime.torch.cuda, "is_initialized", lambda: False)
+    assert runtime.use_expandable_segments() == "expandable_segments:True" == os.environ[runtime.ALLOC_CONF]
+    monkeypatch.setenv(runtime.ALLOC_CONF, "max_split_size_mb:128")
+    assert runtime.use_expandable_segments() == "max_split_size_mb:128"  # the user's setting stands

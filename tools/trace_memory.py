@@ -43,7 +43,7 @@ gradients, optimizer state, activations, temporaries), at each phase's peak. The
 optimizer state exists from the start (the steady state of step 2 on). It is what the
 program allocates, before the CUDA caching allocator's block rounding and fragmentation
 (``torch.cuda.memory_reserved`` runs higher). Where the config trains on CUDA, AdamW runs
-its foreach kernels as it would there (on CPU tensors it loops over parameters).
+the kernel the engine picks there (``adamw_kernel``: fused).
 
 Fake CUDA tensors need no GPU to be created, but FSDP2 needs CUDA streams and autograd's
 backward a CUDA context, so the sharded trace runs on fake CPU tensors. A second pass
@@ -980,6 +980,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 
     from omni_rl.engine import distributed
+    from omni_rl.engine.config import adamw_kernel
     from omni_rl.engine.engine import TrainingEngine, load_dtype
     from omni_rl.recipes import grpo
 
@@ -1001,9 +1002,10 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     if reference is not None:
         reference = engine.wrap_frozen(reference)
     with fake_mode:
-        if setup.target == "cuda":  # torch.optim picks its foreach kernels for CUDA tensors
+        if setup.target == "cuda":  # the kernel the engine picks on CUDA (it was built on the CPU here)
+            kernel = adamw_kernel(torch.device("cuda"))
             for group in engine.optimizer.param_groups:
-                group["foreach"] = True
+                group["foreach"], group["fused"] = kernel == "foreach", kernel == "fused"
         # the state a run carries from its second step on: AdamW's moments exist
         for p in engine.params:
             p.grad = torch.zeros_like(p)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from omni_rl.config import Choice, ModeDefaults, require, require_unset
 from omni_rl.registry import Registry
+
+log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-pure"]
 Strategy = Literal["auto", "fsdp", "ddp", "single"]
@@ -111,8 +114,9 @@ class OptimizerConfig(Choice, ABC):
         require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
 
     @abstractmethod
-    def build(self, params: Iterable) -> Any:
-        """The torch optimizer over ``params`` (tensors or param-group dicts)."""
+    def build(self, params: Iterable, device: Any = None) -> Any:
+        """The torch optimizer over ``params`` (tensors or param-group dicts) on
+        ``device`` (a torch.device; None: the CPU)."""
 
 
 @OPTIMIZERS.register("adamw")
@@ -125,10 +129,21 @@ class AdamWConfig(OptimizerConfig):
     eps: float = 1e-8
     """Adam's denominator epsilon."""
 
-    def build(self, params: Iterable) -> Any:
+    def build(self, params: Iterable, device: Any = None) -> Any:
         import torch
 
-        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        kernel = adamw_kernel(device)
+        log.info("AdamW: the %s kernel", kernel)
+        return torch.optim.AdamW(
+            params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, **{kernel: True}
+        )
+
+
+def adamw_kernel(device: Any) -> str:
+    """``fused`` on CUDA (one kernel over every tensor, no fp32 copy of the shard for
+    the update), ``foreach`` elsewhere (on a CPU it gives the per-tensor loop's values,
+    to the bit)."""
+    return "fused" if device is not None and device.type == "cuda" else "foreach"
 
 
 @OPTIMIZERS.register("sgd")
@@ -139,7 +154,7 @@ class SGDConfig(OptimizerConfig):
     momentum: float = 0.9
     """Momentum factor."""
 
-    def build(self, params: Iterable) -> Any:
+    def build(self, params: Iterable, device: Any = None) -> Any:
         import torch
 
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)

@@ -201,7 +201,7 @@ class TrainingEngine:
             raise OmniRLError("param_groups: either every group has its own max_grad_norm or none has")
         # [(params, clip)] per group, or None: one global clip over every parameter
         self.clip_groups = [(list(g["params"]), g.pop("max_grad_norm")) for g in groups] if any(own) else None
-        self.optimizer = optimizer.build(groups)
+        self.optimizer = optimizer.build(groups, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, schedule, min_lr_ratio)
         )
