@@ -704,6 +704,24 @@ def fake_copy(encoded: dict, values: KnownValues) -> dict:
 # ---------------------------------------------------------------------------- the phases
 
 
+def no_graph_cycles():
+    """The trackers' ``ModTracker`` without the reference cycle its backward hooks make.
+
+    It hooks the inputs of every module's forward with ``register_multi_grad_hook`` in
+    its "all" mode, whose hook keeps a list of the inputs' graph nodes that the nodes'
+    own hooks refer to: each forward's graph then lives until the garbage collector
+    happens to run, not until its last tensor dies as in the step without trackers (the
+    7B trace's peak moved by 4 GB with the collector's timing). The "any" mode keeps no
+    such list; the module's backward is then marked done at its first input's gradient
+    instead of its last (the same for a module of one input), which moves no byte."""
+    from functools import partial
+
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.distributed._tools import mod_tracker
+
+    return mock.patch.object(mod_tracker, "register_multi_grad_hook", partial(register_multi_grad_hook, mode="any"))
+
+
 def tracker_for(model, optimizer, fsdp: bool):
     """``FSDPMemTracker`` (or ``MemTracker``) keeping the global peak only: the stock ones
     also update every module's peak at every operation, which costs more than the trace
@@ -1046,6 +1064,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
                 del tracker.memory_tracking[module]
 
         stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(forget_root).remove)
+        stack.enter_context(no_graph_cycles())
         stack.enter_context(tracker)
         stack.enter_context(Propagation.hidden())
         if setup.world > 1:
