@@ -245,6 +245,7 @@ def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
 LOCKSTEP_ON_RANKS = """
 import json, sys
 from pathlib import Path
+import torch
 from omni_rl.engine import distributed
 
 ranks = distributed.init("cpu")
@@ -256,7 +257,8 @@ try:
     refused = False
 except ValueError:
     refused = True
-result = {"padded": padded, "empty": empty, "refused": refused}
+flags = [distributed.all_ranks(torch.tensor(ranks.rank == 1)), distributed.all_ranks(torch.tensor(True))]
+result = {"padded": padded, "empty": empty, "refused": refused, "all_ranks": flags}
 Path(sys.argv[1], f"rank{ranks.rank}.json").write_text(json.dumps(result))  # one file a rank: no interleaved prints
 distributed.shutdown()
 """
@@ -265,7 +267,8 @@ distributed.shutdown()
 def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_path):
     """Rank 0 with 3 items and rank 1 with 1 both run 3: rank 1 repeats its own first
     item marked not real; a rank with none runs the filler it is given, and without
-    one it is refused (not left to hang its peers)."""
+    one it is refused (not left to hang its peers). ``all_ranks`` (the decode loop's
+    stop test) is false on both ranks while one rank's flag is."""
     script = tmp_path / "lockstep.py"
     script.write_text(LOCKSTEP_ON_RANKS)
     command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
@@ -277,6 +280,7 @@ def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_pat
     assert got[0]["empty"] == [["x", True], ["y", True]]
     assert got[1]["empty"] == [["filler", False], ["filler", False]]
     assert (got[0]["refused"], got[1]["refused"]) == (False, True)
+    assert got[0]["all_ranks"] == got[1]["all_ranks"] == [False, True]
 
 
 def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):

@@ -109,19 +109,22 @@ def test_completions_never_hold_placeholders_and_report_finish_reasons(tiny_chec
 
 
 def test_gumbel_noise_samples_the_distribution():
-    from omni_rl.rollout.hf import gumbel_noise
+    from omni_rl.rollout.hf import gumbel_noise, token_keys
 
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     logp = torch.log(probs)
     seeds = torch.arange(20_000, dtype=torch.int64)
-    picks = (logp[None, :] + gumbel_noise(seeds, step=3, vocab=5)).argmax(-1)
+    keys = token_keys(5, "cpu")
+    picks = (logp[None, :] + gumbel_noise(seeds, step=3, tokens=keys)).argmax(-1)
     freq = torch.bincount(picks, minlength=5).float() / len(seeds)
     # binomial std at p=0.5 over 20k draws is 0.0035: 0.015 is over four of them
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
     assert freq[4] == 0  # a masked token (-inf) is never drawn
     # the same seeds and step give the same noise; another step gives other noise
-    assert torch.equal(gumbel_noise(seeds[:8], 3, 5), gumbel_noise(seeds[:8], 3, 5))
-    assert not torch.equal(gumbel_noise(seeds[:8], 3, 5), gumbel_noise(seeds[:8], 4, 5))
+    assert torch.equal(gumbel_noise(seeds[:8], 3, keys), gumbel_noise(seeds[:8], 3, keys))
+    assert not torch.equal(gumbel_noise(seeds[:8], 3, keys), gumbel_noise(seeds[:8], 4, keys))
+    # a token's noise does not depend on the vocabulary it is drawn from
+    assert torch.equal(gumbel_noise(seeds[:8], 3, token_keys(9, "cpu"))[:, :5], gumbel_noise(seeds[:8], 3, keys))
 
 
 def test_a_prompts_completions_do_not_depend_on_its_batch(tiny_checkpoint, family_prompts):

@@ -83,9 +83,11 @@ def run_checked(tool, fn, bf16: bool = False, decode: bool = False):
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     values = tool.KnownValues(world=1)
     checks = tool.Checks(values, cuda=True, bf16=bf16)
-    checks.in_decode = decode
     with fake_mode, values, checks:
+        if decode:
+            checks.decode_step()
         fn()
+        checks.end_decode()
     return list(checks.findings)
 
 
@@ -103,14 +105,19 @@ def test_a_tensor_left_on_the_cpu_is_found(tool):
     assert run_checked(tool, lambda: torch.zeros(4, device="cuda") * torch.tensor(2.0)) == []
 
 
-def test_a_host_read_in_the_decode_loop_is_found(tool):
-    def step():
+def test_a_second_host_read_in_a_decode_step_is_found(tool):
+    def stop_test():
         finished = torch.zeros(16, dtype=torch.bool, device="cuda")
         bool(finished.all())
 
-    (finding,) = run_checked(tool, step, decode=True)
-    assert finding.kind == "sync" and "decode loop" in finding.detail
-    assert run_checked(tool, step, decode=False) == []  # outside the loop: counted, not a finding
+    def two_reads():
+        stop_test()
+        int(torch.zeros(1, dtype=torch.int64, device="cuda").max())
+
+    assert run_checked(tool, stop_test, decode=True) == []  # the loop's one read a step
+    found = run_checked(tool, two_reads, decode=True)
+    assert len(found) == 2 and all(f.kind == "sync" and "one of 2 in a decode step" in f.detail for f in found)
+    assert run_checked(tool, two_reads, decode=False) == []  # outside the loop: counted, not a finding
 
 
 def test_an_fp32_matmul_in_a_bf16_run_is_found(tool):
@@ -122,3 +129,17 @@ def test_an_fp32_matmul_in_a_bf16_run_is_found(tool):
 
     (finding,) = run_checked(tool, step, bf16=True)
     assert finding.kind == "dtype" and finding.op == "mm" and "fp32" in finding.detail
+
+
+def test_only_our_own_unintended_findings_fail_a_trace(tool):
+    """The fp32 head-gradient sum is deliberate, what transformers does beneath our call
+    is upstream; anything else in omni_rl fails the trace."""
+    head = tool.Finding("dtype", "addmm_", "fp32 operand(s)", "omni_rl/models/forward.py:255 in backward")
+    window = tool.Finding(
+        "device",
+        "index",
+        "CPU operand(s)",
+        "transformers/models/qwen2_5_vl/m.py:424 in f <- omni_rl/models/forward.py:318 in prefill",
+    )
+    ours = tool.Finding("dtype", "mm", "fp32 operand(s)", "omni_rl/models/forward.py:300 in completion_logprobs")
+    assert [tool.classify(f) for f in (head, window, ours)] == ["deliberate", "upstream", "ours"]

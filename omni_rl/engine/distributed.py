@@ -89,6 +89,15 @@ def all_max(value: int) -> int:
     return int(tensor.item())
 
 
+def all_ranks(flag: torch.Tensor) -> bool:
+    """Whether the 0-dim ``flag`` (on this rank's device) is true on every rank: one
+    all-reduce on the device, then one read on the host."""
+    if ranks().distributed:
+        flag = flag.to(torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
 T = TypeVar("T")
 
 

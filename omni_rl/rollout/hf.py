@@ -91,11 +91,15 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def gumbel_noise(row_seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+def token_keys(vocab: int, device) -> torch.Tensor:
+    """[V] int64: each token id's key in ``gumbel_noise``, made once per rollout."""
+    return hash32(torch.arange(vocab, device=device, dtype=torch.int64) * 2 + 1)
+
+
+def gumbel_noise(row_seeds: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise [N, V], a pure function of each row's seed, the decoding
-    step and the token id. row_seeds: [N] int64."""
+    step and the token id. row_seeds: [N] int64; tokens: ``token_keys(V, device)``."""
     row = hash32(hash32(row_seeds) ^ step)
-    tokens = hash32(torch.arange(vocab, device=row_seeds.device, dtype=torch.int64) * 2 + 1)
     bits = hash32(row[:, None] ^ tokens[None, :])
     uniform = (bits.double() + 0.5) / 2.0**32
     return -torch.log(-torch.log(uniform)).float()
@@ -180,7 +184,6 @@ class HFRolloutEngine:
         row_seeds = completion_seeds(seeds, n, model.device)
         stop_ids = torch.tensor(self.stop_ids, device=model.device)
         warpers = self._warpers(sampling)
-        synced = distributed.ranks().distributed
         was_training = model.training
         model.eval()
         try:
@@ -210,13 +213,18 @@ class HFRolloutEngine:
                 for warp in warpers:
                     scores = warp(None, scores)
                 logp = torch.log_softmax(scores, dim=-1)
-                noisy = logp + gumbel_noise(row_seeds, step, logp.shape[-1]) if sampling.temperature > 0 else logp
+                if sampling.temperature > 0:
+                    if step == 0:  # fixed for the rollout
+                        keys = token_keys(logp.shape[-1], logp.device)
+                    noisy = logp + gumbel_noise(row_seeds, step, keys)
+                else:
+                    noisy = logp
                 tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
                 sampled.append(tokens)
                 logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
                 finished |= torch.isin(tokens, stop_ids)
-                unfinished = int(not finished.all())
-                if not (distributed.all_max(unfinished) if synced else unfinished):
+                # the one host read of a step: whether every sequence of every rank stopped
+                if distributed.all_ranks(finished.all()):
                     break
         finally:
             model.train(was_training)
@@ -234,7 +242,7 @@ class HFRolloutEngine:
         # a finished row's padding may fall outside top-k/top-p (-inf): zero, not NaN
         logprobs = logprobs[:, :width].masked_fill(mask == 0, 0.0)
         ids = completions.masked_fill(mask == 0, self.pad_id)
-        reasons = ["stop" if bool(s) else "length" for s in stops.any(1)]
+        reasons = ["stop" if s else "length" for s in stops.any(1).tolist()]
         texts = self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n)
 
