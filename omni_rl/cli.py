@@ -333,6 +333,76 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "curate text-only",
+    "drop the questions a model answers without their media: each asked K times with its media removed; "
+    "a row whose pass rate reaches --threshold leaves the set (kept.jsonl, dropped.jsonl, report.json in "
+    "--out; an interrupted run resumes)",
+    arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
+    arg("--model", required=True, metavar="DIR", help="a checkpoint directory, or a run's directory (its model/)"),
+    arg("--out", required=True, metavar="DIR", help="where the kept and dropped rows and the report go"),
+    arg("--samples", type=int, default=8, metavar="K", help="answers sampled per question (default: 8)"),
+    arg(
+        "--threshold",
+        type=float,
+        default=0.875,
+        metavar="P",
+        help="a text-only pass rate >= P drops the row (default: 0.875, 7 of 8)",
+    ),
+    arg("--max-new-tokens", type=int, default=64, help="longest answer (default: 64)"),
+    arg("--config", metavar="FILE", help="a config whose media, data, rewards and rollout.temperature apply"),
+    overrides("--set rollout.temperature=0.7"),
+)
+def _curate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omni_rl.data.config import DataConfig
+    from omni_rl.engine import distributed
+    from omni_rl.evaluation.curate import Asking, report_table, text_only
+    from omni_rl.models import load
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.recipe_loader import load_config
+    from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
+
+    if args.samples < 1:
+        raise OmniRLError("curate: --samples must be >= 1")
+    if not 0 < args.threshold <= 1:
+        raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
+    if not Path(args.data).is_file():
+        raise OmniRLError(f"{args.data}: no such dataset file")
+    cfg = load_config(args.config, args.overrides, recipe="grpo")
+    sections = vars(cfg)
+    run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
+    rollout, rewards = sections.get("rollout"), sections.get("rewards")
+    if rollout is not None and rollout.engine != "hf":
+        raise OmniRLError(f"curate: rollout.engine {rollout.engine} is not supported yet; the hf engine answers")
+    set_threads(run.threads)
+    device = resolve_device(run.device)
+    distributed.init(device.type)
+    model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
+    asking = Asking(
+        samples=args.samples,
+        temperature=rollout.temperature if rollout is not None else 1.0,
+        max_new_tokens=args.max_new_tokens,
+    )
+    result = text_only(
+        model,
+        processor,
+        args.data,
+        args.out,
+        Budgets.from_config(cfg.media),
+        asking,
+        args.threshold,
+        data.prompt_template,
+        dict(data.columns),
+        rewards.settings() if rewards is not None else None,
+    )
+    if distributed.ranks().is_main:
+        print(report_table(result))
+    distributed.shutdown()
+    return 0
+
+
 def _protocol_overrides(args: argparse.Namespace) -> dict:
     """``--set protocol.X=Y``, ``--samples`` and ``--max-new-tokens`` as protocol fields."""
     from omni_rl.config import parse_override

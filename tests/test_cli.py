@@ -113,6 +113,7 @@ READS = {
     "train": ("grpo", "sft", "flow_ppo"),
     "quickstart": ("quickstart", "quickstart_audio", "quickstart_sim", "quickstart_vla"),
     "eval": ("preprocess", "protocol"),
+    "curate text-only": ("grpo",),
     "preprocess": ("preprocess",),
     "cache gc": ("preprocess",),
     "rewards check": ("preprocess",),

@@ -24,6 +24,7 @@ from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
 from omni_rl.evaluation.pipeline import evaluate_rows
+from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
 from omni_rl.preprocess.motion import write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
@@ -100,11 +101,6 @@ def run_phases(cfg, train: Path, sft_rows: Path, heldout: Path, **tiny) -> tuple
     return after_sft, after_rl
 
 
-def _chance(row: dict) -> float | None:
-    """Accuracy of a uniform guess at a multiple-choice row (None without options)."""
-    return 1 / len(row["options"]) if row.get("options") else None
-
-
 def compare(heldout: Path, after_sft: dict, after_rl: dict) -> dict:
     """Per data source and ``overall``: held-out rows, chance, accuracy after SFT and
     after RL with 95% intervals (``*_ci95``), and the gain with the 95% interval of the
@@ -120,7 +116,7 @@ def compare(heldout: Path, after_sft: dict, after_rl: dict) -> dict:
     result = {}
     for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
         sft_scores, rl_scores = [before[r["id"]] for r in mine], [after[r["id"]] for r in mine]
-        chances = [_chance(r) for r in mine]
+        chances = [chance(r) for r in mine]
         gain, low, high = paired_gain(sft_scores, rl_scores) if mine else (0.0, 0.0, 0.0)
         entry = {"rows": len(mine), "chance": None if None in chances or not mine else sum(chances) / len(mine)}
         for phase, scores in (("sft", sft_scores), ("rl", rl_scores)):
@@ -139,10 +135,10 @@ def compare_table(compared: dict) -> str:
 
     lines = [f"{'held out':<22}{'rows':>6}{'chance':>8}   {'after SFT':<18}{'after GRPO':<18}gain [95%]"]
     for name, e in compared.items():
-        chance = "-" if e["chance"] is None else f"{e['chance']:.2f}"
+        odds = "-" if e["chance"] is None else f"{e['chance']:.2f}"
         low, high = e["gain_ci95"]
         gain = f"{e['gain']:+.2f} [{low:+.2f}, {high:+.2f}]"
-        lines.append(f"{name:<22}{e['rows']:>6}{chance:>8}   {cell(e, 'sft'):<18}{cell(e, 'rl'):<18}{gain}")
+        lines.append(f"{name:<22}{e['rows']:>6}{odds:>8}   {cell(e, 'sft'):<18}{cell(e, 'rl'):<18}{gain}")
     return "\n".join(lines)
 
 

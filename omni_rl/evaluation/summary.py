@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 
+def chance(fields: dict) -> float | None:
+    """Accuracy of a uniform guess at a row with ``options`` (None without)."""
+    return 1 / len(fields["options"]) if fields.get("options") else None
+
+
 def summarize(per_row: list[tuple[str, str, float, float]], samples: int) -> dict:
     """Mean accuracy overall and grouped by problem type and data source, from each
     row's ``(problem type, data source, best accuracy, mean accuracy)``: with one

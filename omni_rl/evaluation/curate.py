@@ -1,0 +1,181 @@
+"""Curation by what a model answers. ``text_only``: each question asked without its
+media, K sampled answers; a question whose pass rate reaches the threshold is answered
+by its wording and leaves the set. Progress is written row by row, so an interrupted
+run resumes where it stopped; under torchrun each rank answers its share of each chunk."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from omni_rl.data.dataset import PLACEHOLDER, MediaDataset
+from omni_rl.engine import distributed
+from omni_rl.evaluation.answer import answer_rows, gathered
+from omni_rl.evaluation.score import score_rows
+from omni_rl.evaluation.summary import chance
+from omni_rl.preprocess.pipeline import Budgets
+from omni_rl.preprocess.rows import MEDIA_FIELDS, Row, read_rows
+from omni_rl.rewards import RewardSettings
+from omni_rl.rollout.hf import SamplingParams
+
+PASSES = "passes.jsonl"  # one line per answered row: {id, pass_rate, ...}
+
+
+@dataclass(frozen=True)
+class Asking:
+    """How each question is asked: K answers sampled at a temperature, up to a length."""
+
+    samples: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    batch_prompts: int = 8
+    chunk_rows: int = 64
+    """Rows answered between two writes of the progress file."""
+
+
+def without_media(row: Row) -> dict:
+    """``row`` as a record with its media taken out: no images, videos or audios, the
+    problem's ``<image>``/``<video>``/``<audio>`` placeholders removed, the rest as it was."""
+    record = {k: v for k, v in row.fields.items() if k not in (*MEDIA_FIELDS, "use_audio_in_video")}
+    record["problem"] = " ".join(PLACEHOLDER.sub(" ", row.problem).split())
+    return record
+
+
+def read_passes(path: Path) -> dict[str, dict]:
+    """{row id: its record} of a progress file; a line cut short by a kill is left out."""
+    done = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "id" in record and "pass_rate" in record:
+                done[record["id"]] = record
+    return done
+
+
+def text_only(
+    model,
+    processor,
+    data: str | Path,
+    out: str | Path,
+    budgets: Budgets,
+    asking: Asking,
+    threshold: float,
+    prompt_template: str,
+    columns: dict[str, str] | None = None,
+    settings: RewardSettings | None = None,
+    progress: bool = True,
+) -> dict:
+    """Ask every row of ``data`` without its media; write to ``out``: ``kept.jsonl``
+    (the rows whose text-only pass rate stays below ``threshold``, media and all),
+    ``dropped.jsonl`` (the others, each with its ``text_only_pass_rate``),
+    ``passes.jsonl`` (the progress, one line per row) and ``report.json``; returns the
+    report (``report`` below). Rows already in ``passes.jsonl`` are not asked again."""
+    out = Path(out)
+    where = distributed.ranks()
+    rows, refused = read_rows(data, columns)
+    prompts = out / "text_only_prompts.jsonl"
+    done = read_passes(out / PASSES)
+    if where.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in rows), encoding="utf-8")
+        # the progress as read: a line a kill cut short goes before new lines follow it
+        (out / PASSES).write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
+    distributed.barrier()
+    dataset = MediaDataset(prompts, budgets, cache_mode="no_cache", prompt_template=prompt_template)
+    todo = [i for i, row in enumerate(dataset.rows) if row.id not in done]
+    sampling = SamplingParams(
+        temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
+    )
+    chunks = [todo[s : s + asking.chunk_rows] for s in range(0, len(todo), asking.chunk_rows)]
+    bar = tqdm(total=len(dataset.rows), initial=len(done), desc="text-only", unit="row", disable=not progress)
+    for chunk in chunks:
+        mine = chunk[where.rank :: where.world_size]
+        answered, failures = answer_rows(
+            model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, progress=False
+        )
+        answers, failures = gathered(answered, failures)
+        asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
+        records = [
+            {"id": row.id, "pass_rate": mean_accuracy, "samples": asking.samples, "answers": answers[row.id]}
+            for row, (*_, mean_accuracy) in zip(asked, score_rows(asked, answers, settings), strict=True)
+        ]
+        if where.is_main:
+            with (out / PASSES).open("a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+        done.update({r["id"]: r for r in records})
+        bar.update(len(chunk))
+    bar.close()
+    result = report(rows, done, threshold, refused_rows=len(refused))
+    if where.is_main:
+        _write_split(out, rows, done, threshold)
+        (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _write_split(out: Path, rows: list[Row], done: dict[str, dict], threshold: float) -> None:
+    kept, dropped = [], []
+    for row in rows:
+        rate = done.get(row.id, {}).get("pass_rate")
+        if rate is not None and rate >= threshold:
+            dropped.append({**row.fields, "text_only_pass_rate": rate})
+        else:
+            kept.append(row.fields)
+    for name, records in (("kept.jsonl", kept), ("dropped.jsonl", dropped)):
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def report(rows: list[Row], done: dict[str, dict], threshold: float, refused_rows: int = 0) -> dict:
+    """Counts and rates per ``problem_type`` and per ``data_source``: rows, dropped,
+    the share dropped, the mean text-only pass rate and the chance level (a uniform
+    guess among the options; None without options). Rows the model could not be asked
+    (their prompt did not encode) are kept and counted as ``unasked``."""
+    groups: dict[str, dict[str, list]] = {"per_type": defaultdict(list), "per_source": defaultdict(list)}
+    for row in rows:
+        entry = (done.get(row.id, {}).get("pass_rate"), chance(row.fields))
+        groups["per_type"][row.problem_type].append(entry)
+        groups["per_source"][row.fields.get("data_source") or "unknown"].append(entry)
+    everything = [e for entries in groups["per_type"].values() for e in entries]
+    return {
+        "threshold": threshold,
+        "refused_rows": refused_rows,
+        "overall": _group(everything, threshold),
+        **{name: {k: _group(v, threshold) for k, v in sorted(g.items())} for name, g in groups.items()},
+    }
+
+
+def _group(entries: list[tuple[float | None, float | None]], threshold: float) -> dict:
+    rates = [rate for rate, _ in entries if rate is not None]
+    chances = [c for _, c in entries if c is not None]
+    dropped = sum(rate >= threshold for rate in rates)
+    return {
+        "rows": len(entries),
+        "unasked": len(entries) - len(rates),
+        "dropped": dropped,
+        "dropped_share": dropped / len(entries) if entries else 0.0,
+        "pass_rate": sum(rates) / len(rates) if rates else None,
+        "chance": sum(chances) / len(chances) if len(chances) == len(entries) and chances else None,
+    }
+
+
+def report_table(result: dict) -> str:
+    """The report as plain text: a line per problem type and per data source."""
+    lines = [f"{'':<30}{'rows':>6}{'dropped':>9}{'share':>8}{'pass rate':>11}{'chance':>8}"]
+
+    def line(name: str, g: dict) -> str:
+        rate = "-" if g["pass_rate"] is None else f"{g['pass_rate']:.3f}"
+        odds = "-" if g["chance"] is None else f"{g['chance']:.2f}"
+        return f"{name:<30}{g['rows']:>6}{g['dropped']:>9}{g['dropped_share']:>8.2f}{rate:>11}{odds:>8}"
+
+    for title, key in (("problem type", "per_type"), ("data source", "per_source")):
+        lines.append(f"{title}:")
+        lines += [line("  " + name, g) for name, g in result[key].items()]
+    lines.append(line("overall", result["overall"]))
+    lines.append(f"threshold: a text-only pass rate >= {result['threshold']:g} drops the row")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""``omni-rl curate text-only``: the questions asked without their media, the rows a
+model answers from their wording dropped, a report per type and source, and a resume
+that asks only what is left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omni_rl.cli import main
+from omni_rl.evaluation import curate
+from omni_rl.preprocess.motion import write_motion_qa
+from omni_rl.preprocess.rows import Row, read_rows
+
+MEDIA = ["media.fps=null", "media.nframes=16", "media.video_min_pixels=3136", "media.video_max_pixels=3136"]
+SETS = [flag for m in MEDIA for flag in ("--set", m)]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    return write_motion_qa(tmp_path_factory.mktemp("motion"), 12, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from omni_rl.models import build_tiny
+
+    return build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("tiny"), width=64)
+
+
+def test_a_row_without_media_keeps_its_question_and_options():
+    question, options = "In <video> which square flashes first?", ["A. red", "B. blue"]
+    fields = {"id": "r1", "problem": question, "videos": ["a.mp4"], "options": options, "answer": "A"}
+    row = Row("r1", question, "multiple_choice", "A", videos=("a.mp4",), fields=fields)
+    record = curate.without_media(row)
+    assert record == {"id": "r1", "problem": "In which square flashes first?", "options": options, "answer": "A"}
+
+
+def test_a_progress_line_cut_short_is_left_out(tmp_path):
+    path = tmp_path / curate.PASSES
+    path.write_text('{"id": "a", "pass_rate": 1.0}\n{"id": "b", "pass_rate": 0.5}\n{"id": "c", "pass')
+    assert set(curate.read_passes(path)) == {"a", "b"}
+
+
+def test_the_report_counts_by_hand():
+    rows = [
+        Row("a", "q", "multiple_choice", "A", fields={"options": ["A", "B"], "data_source": "s1"}),
+        Row("b", "q", "multiple_choice", "A", fields={"options": ["A", "B", "C", "D"], "data_source": "s1"}),
+        Row("c", "q", "counting", "3", fields={"data_source": "s2"}),
+        Row("d", "q", "counting", "4", fields={"data_source": "s2"}),
+    ]
+    done = {"a": {"pass_rate": 1.0}, "b": {"pass_rate": 0.25}, "c": {"pass_rate": 0.875}}  # d: not asked
+    result = curate.report(rows, done, threshold=0.875)
+    mc, counting = result["per_type"]["multiple_choice"], result["per_type"]["counting"]
+    assert mc == {"rows": 2, "unasked": 0, "dropped": 1, "dropped_share": 0.5, "pass_rate": 0.625, "chance": 0.375}
+    assert counting == {"rows": 2, "unasked": 1, "dropped": 1, "dropped_share": 0.5, "pass_rate": 0.875, "chance": None}
+    assert result["per_source"]["s1"]["dropped"] == 1 and result["overall"]["dropped"] == 2
+    assert "threshold: a text-only pass rate >= 0.875" in curate.report_table(result)
+
+
+def test_rows_answered_from_their_wording_leave_the_set(tmp_path, clips, tiny, monkeypatch):
+    """Canned answers: right on every answer for the 'direction' rows, on half of them
+    for 'order', never otherwise; with the threshold at 0.75 exactly the direction rows
+    leave, and no prompt carries a video."""
+    asked = []
+
+    def canned(model, processor, dataset, sampling, samples, indices, *rest, **kw):
+        out = []
+        for i in indices:
+            sample = dataset[i]
+            assert not sample.videos and "<video>" not in json.dumps(sample.messages)
+            asked.append(sample.id)
+            right, wrong = str(sample.answer), "no idea"
+            kind = sample.id.rsplit("-", 1)[1]
+            texts = {"direction": [right] * 4, "order": [right, wrong] * 2}.get(kind, [wrong] * 4)
+            out.append((sample, texts[:samples]))
+        return out, []
+
+    monkeypatch.setattr(curate, "answer_rows", canned)
+    out = tmp_path / "curated"
+    args = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "4"]
+    assert main([*args, "--threshold", "0.75", *SETS]) == 0
+    kept, dropped = (read_rows(out / name)[0] for name in ("kept.jsonl", "dropped.jsonl"))
+    assert sorted(r.id.rsplit("-", 1)[1] for r in dropped) == ["direction"] * 3
+    assert len(kept) == 9 and all(r.videos for r in kept)  # kept rows keep their media
+    rates = [json.loads(line)["text_only_pass_rate"] for line in (out / "dropped.jsonl").read_text().splitlines()]
+    assert rates == [1.0] * 3
+    report = json.loads((out / "report.json").read_text())
+    assert report["per_source"]["video_order"]["pass_rate"] == 0.5 and report["overall"]["dropped"] == 3
+    assert report["per_source"]["video_direction"]["chance"] == 0.5
+    assert sorted(asked) == sorted(r.id for r in read_rows(clips)[0])
+
+
+def test_an_interrupted_run_asks_only_the_rest(tmp_path, clips, tiny):
+    """The real tiny model: a run, then its progress file cut to 5 rows and a half line,
+    and a second run that asks the 7 rows left and writes the same split."""
+    out = tmp_path / "curated"
+    args = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "2", *SETS]
+    assert main(args) == 0
+    lines = (out / curate.PASSES).read_text().splitlines()
+    assert len(lines) == 12 and all(json.loads(line)["samples"] == 2 for line in lines)
+    first = json.loads((out / "report.json").read_text())
+    (out / curate.PASSES).write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
+    assert main(args) == 0
+    again = [json.loads(line) for line in (out / curate.PASSES).read_text().splitlines()[5:]]
+    assert sorted(r["id"] for r in again) == sorted(json.loads(line)["id"] for line in lines[5:])
+    assert json.loads((out / "report.json").read_text())["overall"]["rows"] == first["overall"]["rows"] == 12
+
+
+def test_bad_arguments_are_refused(tmp_path, clips, tiny, capsys):
+    base = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(tmp_path)]
+    assert main([*base, "--threshold", "1.5"]) == 2
+    assert "--threshold 1.5 is not in (0, 1]" in capsys.readouterr().err
+    assert main([*base, "--samples", "0"]) == 2
+    assert "--samples must be >= 1" in capsys.readouterr().err
