@@ -56,7 +56,9 @@ from trace_memory import (
     Propagation,
     TensorsFromTensors,
     eager_masks,
+    kernel_of,
     model_json,
+    no_graph_cycles,
     provenance,
     rank0_row,
     tracker_for,
@@ -75,6 +77,8 @@ class Pi0Setup:
     env_action_dim: int
     source: str
     world: int
+    target: str
+    """The device the config trains on: ``cuda`` or ``cpu``."""
 
 
 def pi0_architecture(cfg, model_config: Path | None) -> tuple[object, object, str]:
@@ -203,8 +207,10 @@ def fake_demos(setup: Pi0Setup, chunks: int, values: KnownValues) -> tuple:
     return obs, actions, values.remember(torch.empty(real.shape, dtype=torch.bool), real)
 
 
-def seed_optimizer(engine) -> None:
-    """The state a run carries from its second optimizer step on: AdamW's moments exist."""
+def seed_optimizer(engine, target: str) -> None:
+    """The state a run carries from its second optimizer step on: AdamW's moments exist,
+    stepped by the kernel the engine picks on ``target``."""
+    kernel_of(engine.optimizer, target)
     for p in engine.params:
         p.grad = torch.zeros_like(p)
     engine.optimizer.step()
@@ -266,7 +272,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
         """The tracker of a phase's optimizer, its state seeded (outside the modes)."""
         nonlocal phases, label
         with fake_mode:
-            seed_optimizer(engine)
+            seed_optimizer(engine, setup.target)
         tracker = tracker_for(policy, engine.optimizer, fsdp=engine.strategy == "fsdp")
         phases, label = Phases(tracker, "cpu (fake)"), name
         return tracker
@@ -287,6 +293,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
             if world > 1:  # every rank holds rank 0's objects
                 stack.enter_context(mock.patch.object(distributed, "mean_metrics", rank0_row))
                 stack.enter_context(mock.patch.object(distributed, "gather_objects", lambda items: list(items) * world))
+            stack.enter_context(no_graph_cycles())
             stack.enter_context(tracker)
             stack.enter_context(Propagation.hidden())
             yield
@@ -378,7 +385,7 @@ def main(cfg, args) -> None:
     cfg = dataclasses.replace(cfg, trainer=trainer)
     config, processor, source = pi0_architecture(cfg, args.model_config)
     layout, action_dim = env_layout(cfg)
-    setup = Pi0Setup(cfg, config, processor, layout, action_dim, source, world)
+    setup = Pi0Setup(cfg, config, processor, layout, action_dim, source, world, target)
     if world > 1:
         dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     demo_chunks = args.demo_chunks or 100 * cfg.env.max_episode_steps

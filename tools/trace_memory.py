@@ -749,6 +749,17 @@ def fake_copy(encoded: dict, values: KnownValues) -> dict:
 # ---------------------------------------------------------------------------- the phases
 
 
+def kernel_of(optimizer, target: str) -> None:
+    """AdamW's kernel set to the one the engine picks on ``target`` (the trace builds
+    the engine on the CPU, where it picks another)."""
+    from omni_rl.engine.config import adamw_kernel
+
+    if isinstance(optimizer, torch.optim.AdamW):
+        kernel = adamw_kernel(torch.device(target))
+        for group in optimizer.param_groups:
+            group["foreach"], group["fused"] = kernel == "foreach", kernel == "fused"
+
+
 def no_graph_cycles():
     """The trackers' ``ModTracker`` without the reference cycle its backward hooks make.
 
@@ -1043,7 +1054,6 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 
     from omni_rl.engine import distributed
-    from omni_rl.engine.config import adamw_kernel
     from omni_rl.engine.engine import TrainingEngine, load_dtype
     from omni_rl.recipes import grpo
 
@@ -1065,10 +1075,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     if reference is not None:
         reference = engine.wrap_frozen(reference)
     with fake_mode:
-        if setup.target == "cuda":  # the kernel the engine picks on CUDA (it was built on the CPU here)
-            kernel = adamw_kernel(torch.device("cuda"))
-            for group in engine.optimizer.param_groups:
-                group["foreach"], group["fused"] = kernel == "foreach", kernel == "fused"
+        kernel_of(engine.optimizer, setup.target)
         # the state a run carries from its second step on: AdamW's moments exist
         for p in engine.params:
             p.grad = torch.zeros_like(p)
