@@ -246,3 +246,13 @@ def test_foreach_adamw_steps_to_the_bit_like_the_per_tensor_loop():
             optimizer.step()
         ends.append([p.detach() for p in params])
     assert all(torch.equal(a, b) for a, b in zip(*ends, strict=True))
+
+
+def test_on_cuda_the_metrics_carry_peak_allocated_and_reserved_memory(monkeypatch):
+    engine = TrainingEngine(torch.nn.Linear(4, 3), AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
+    assert not any(k.startswith("memory/") for k in engine.metrics())  # a CPU run has no such figure
+    engine.device = torch.device("cuda", 0)  # what a CUDA run reads, without a GPU
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 4.5 * 2**30)
+    row = engine.metrics()
+    assert row["memory/peak_allocated_gb"] == 3.0 and row["memory/peak_reserved_gb"] == 4.5

@@ -63,7 +63,8 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if '"time/update"' in lin
 med = lambda key: statistics.median(r[key] for r in rows)
 print(f"gpu_check pi0: iterations={len(rows)} rollout s/iteration={med('time/rollout'):.2f} "
       f"update s/iteration={med('time/update'):.2f} rollout env steps/s={med('throughput/rollout_env_steps_per_s'):.0f} "
-      f"peak memory={max(r.get('memory/peak_allocated_gb', float('nan')) for r in rows):.1f} GiB")
+      f"peak memory: allocated {max(r.get('memory/peak_allocated_gb', float('nan')) for r in rows):.1f} GiB, "
+      f"reserved {max(r.get('memory/peak_reserved_gb', float('nan')) for r in rows):.1f} GiB")
 PYEOF
   echo "gpu_check pi0: the peak traced on fake tensors for the same settings (tools/trace_memory.py; 20 demo episodes)"
   "$PY" tools/trace_memory.py configs/maniskill_pushcube_pi0_gpu.yaml --world 1 "${one_rank[@]}" \
@@ -98,9 +99,10 @@ steady = rows[1:] or rows  # step 1 pays for warm-up
 step = statistics.median(r["time/step"] for r in steady)
 tokens = statistics.median(r["throughput/rollout_tokens_per_s"] for r in steady)
 peak = max(r.get("memory/peak_allocated_gb", float("nan")) for r in rows)
+reserved = max(r.get("memory/peak_reserved_gb", float("nan")) for r in rows)
 print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statistics.median(r['time/rollout'] for r in steady):.2f}, "
       f"update {statistics.median(r['time/update'] for r in steady):.2f}) rollout tokens/s={tokens:.0f} "
-      f"peak memory per GPU={peak:.1f} GiB")
+      f"peak memory per GPU: allocated {peak:.1f} GiB, reserved {reserved:.1f} GiB")
 PYEOF
 echo "gpu_check: the peak traced on fake tensors for the same config and world (tools/trace_memory.py; at the"
 echo "  media budgets' largest prompt and full-length completions, so at or above the measured peak)"

@@ -384,6 +384,7 @@ class TrainingEngine:
             row["update/dummy_encoder_passes"] = int(passes)
         if self.device.type == "cuda":
             row["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            row["memory/peak_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return row
 
     def state(self) -> dict:
