@@ -28,6 +28,13 @@ QUESTIONS = {
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
 }
+# a decoy's wording states its answer: a question the text alone answers
+TELLS = {
+    "direction": "The square moves {}.",
+    "order": "The {} square appears first.",
+    "count": "The square flashes {} time(s).",
+    "when": "The square shows in the {} half.",
+}
 FRAMES = 16
 """Frames per clip (8 pairs)."""
 FPS = 8
@@ -95,7 +102,9 @@ def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
     return frames
 
 
-def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = False, shuffle: bool = False) -> Path:
+def write_motion_qa(
+    out: str | Path, clips: int, seed: int = 0, blank: bool = False, shuffle: bool = False, decoy_every: int = 0
+) -> Path:
     """Render ``clips`` videos under ``out/media`` and write ``out/data.jsonl`` (one
     multiple-choice row per clip; kinds cycle, and so do answers within a kind, so both
     are balanced). Returns the dataset path.
@@ -104,6 +113,11 @@ def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = Fa
     the pixels); ``shuffle`` writes each clip's frames in a random order (how much
     needs their order: direction, order and when do; a count can still be read from
     how many frames show the square, 2 or 4).
+
+    ``decoy_every`` = k > 0 makes every k-th row a decoy, labelled ``"decoy": true``: its
+    question opens with a sentence that states the answer (``TELLS``), so the text alone
+    answers it; the clips, and every other row, are those of ``decoy_every=0``. The
+    truth to check ``omni-rl curate text-only`` against.
     """
     out = Path(out)
     rng = np.random.default_rng(seed)
@@ -116,7 +130,11 @@ def write_motion_qa(out: str | Path, clips: int, seed: int = 0, blank: bool = Fa
             frames = frames[np.random.default_rng([seed, i]).permutation(FRAMES)]
         name = f"media/clip_{i:05d}.mp4"
         write_video(out / name, frames, FPS)
-        rows.append(choice_row(f"clip{i:05d}-{kind}", question, options, answer, "videos", name, f"video_{kind}"))
+        decoy = decoy_every > 0 and i % decoy_every == decoy_every - 1
+        if decoy:
+            question = f"{TELLS[kind].format(options[answer])} {question}"
+        row = choice_row(f"clip{i:05d}-{kind}", question, options, answer, "videos", name, f"video_{kind}")
+        rows.append({**row, "decoy": True} if decoy else row)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out / "data.jsonl"

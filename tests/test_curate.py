@@ -114,3 +114,29 @@ def test_bad_arguments_are_refused(tmp_path, clips, tiny, capsys):
     assert "--threshold 1.5 is not in (0, 1]" in capsys.readouterr().err
     assert main([*base, "--samples", "0"]) == 2
     assert "--samples must be >= 1" in capsys.readouterr().err
+
+
+def test_against_decoys_a_reader_of_the_wording_drops_exactly_the_decoys(tmp_path, tiny, monkeypatch):
+    """Known truth: motion clips with every 4th question's answer stated in its wording,
+    and a 'model' that answers only from what the wording states. Curation drops the
+    decoys and nothing else: precision and recall 1."""
+    from omni_rl.preprocess.motion import TELLS
+
+    data = write_motion_qa(tmp_path / "motion", 16, seed=1, decoy_every=4)
+
+    def reads_the_wording(model, processor, dataset, sampling, samples, indices, *rest, **kw):
+        out = []
+        for i in indices:
+            sample, row = dataset[i], dataset.rows[i]
+            kind = row.id.rsplit("-", 1)[1]
+            options = row.fields["options"]
+            told = [j for j, o in enumerate(options) if TELLS[kind].format(o) in row.problem]
+            out.append((sample, ["ABCD"[told[0]] if told else "no idea"] * samples))
+        return out, []
+
+    monkeypatch.setattr(curate, "answer_rows", reads_the_wording)
+    out = tmp_path / "curated"
+    assert main(["curate", "text-only", str(data), "--model", str(tiny), "--out", str(out), *SETS]) == 0
+    dropped = {r.id for r in read_rows(out / "dropped.jsonl")[0]}
+    decoys = {r.id for r in read_rows(data)[0] if r.fields.get("decoy")}
+    assert len(decoys) == 4 and dropped == decoys

@@ -97,3 +97,25 @@ def test_controls_keep_the_rows_and_remove_the_frames_or_their_order(tmp_path):
         assert sorted(map(key, frames)) == sorted(map(key, mixed))
         moved += not bool((frames == mixed).all())
     assert moved >= 6
+
+
+def test_decoys_state_their_answer_and_change_nothing_else(tmp_path):
+    from omni_rl.preprocess.motion import TELLS
+
+    plain = write_motion_qa(tmp_path / "plain", 12, seed=2)
+    mixed = write_motion_qa(tmp_path / "decoys", 12, seed=2, decoy_every=3)
+    rows = [json.loads(line) for line in mixed.read_text().splitlines()]
+    assert [r.get("decoy", False) for r in rows] == [i % 3 == 2 for i in range(12)]
+    for before, after in zip(plain.read_text().splitlines(), rows, strict=True):
+        before = json.loads(before)
+        if not after.get("decoy"):
+            assert after == before
+            continue
+        kind = after["id"].rsplit("-", 1)[1]
+        told = TELLS[kind].format(after["options"]["ABCD".index(after["answer"])])
+        assert after["problem"] == f"{told} {before['problem']}"
+        assert {k: v for k, v in after.items() if k not in ("problem", "decoy")} == {
+            k: v for k, v in before.items() if k != "problem"
+        }
+    for video in sorted((tmp_path / "plain" / "media").iterdir()):  # the same clips, byte for byte
+        assert video.read_bytes() == (tmp_path / "decoys" / "media" / video.name).read_bytes()
