@@ -143,3 +143,10 @@ def test_only_our_own_unintended_findings_fail_a_trace(tool):
     )
     ours = tool.Finding("dtype", "mm", "fp32 operand(s)", "omni_rl/models/forward.py:300 in completion_logprobs")
     assert [tool.classify(f) for f in (head, window, ours)] == ["deliberate", "upstream", "ours"]
+
+
+def test_the_module_at_a_peak_is_the_innermost_running(tool):
+    running = {"Global", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration.model.layers.3"}
+    running.add("Qwen2_5_VLForConditionalGeneration.model.layers.3.mlp")
+    assert tool.innermost(running, backward=True) == "model.layers.3.mlp (backward)"
+    assert tool.innermost({"Global"}, backward=False) == "outside any module"

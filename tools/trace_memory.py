@@ -793,11 +793,15 @@ def tracker_for(model, optimizer, fsdp: bool):
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
+        peak_module: str | None = None
+        """The innermost module running at the peak, and whether in its backward."""
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
+                    self.peak_module = innermost(self._mod_tracker.parents, self._mod_tracker.is_bw)
 
     if fsdp:
         return Tracker(model, optimizer)
@@ -809,6 +813,15 @@ def tracker_for(model, optimizer, fsdp: bool):
         if not p.requires_grad:
             tracker._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
     return tracker
+
+
+def innermost(parents: set[str], backward: bool) -> str:
+    """The deepest of the modules running (``ModTracker.parents``: dotted paths from the
+    root's class name), and the pass: ``model.layers.3.mlp (backward)``."""
+    deepest = max(parents, key=lambda name: (name.count("."), name))
+    if "." not in deepest:  # only the root's or ModTracker's own "Global": no module runs
+        return "outside any module"
+    return f"{deepest.partition('.')[2]} ({'backward' if backward else 'forward'})"
 
 
 class NoHook:
@@ -835,6 +848,8 @@ class Phase:
     """The most bytes any occurrence allocated above what was live when it began."""
     seconds: float = 0.0
     count: int = 0
+    at: str | None = None
+    """The innermost module running at the peak (``innermost``)."""
 
     @property
     def total(self) -> int:
@@ -873,6 +888,7 @@ class Phases:
         # the trackers keep one peak since they started: start this phase's from now
         self.tracker._peak_mem = {d: s.get("Total", 0) for d, s in current.items()}
         self.tracker._peak_mem_snap = deepcopy(current)
+        self.tracker.peak_module = None
 
     def close(self) -> None:
         if self.current is None:
@@ -884,6 +900,7 @@ class Phases:
         phase.rise = max(phase.rise, peak.get("Total", 0) - self.start_total)
         if peak.get("Total", 0) >= phase.total:
             phase.peak, phase.start = peak, self.start_total
+            phase.at = getattr(self.tracker, "peak_module", None)
         if self.mark is not None:
             self.mark.__exit__(None, None, None)
             self.mark = None
@@ -1277,7 +1294,7 @@ def print_report(setup: Setup, phases: dict[str, Phase], checks: list[Checks], i
         for label, value in shown.items():
             if value:
                 print(f"  {label:<24}{value / GB:>9.2f} GB")
-        print(f"  {'peak':<24}{phase.total / GB:>9.2f} GB")
+        print(f"  {'peak':<24}{phase.total / GB:>9.2f} GB" + (f"  at {phase.at}" if phase.at else ""))
     for c in checks:
         where = "fake CUDA, unsharded" if c.cuda else "fake CPU, sharded"
         reads = sum(c.syncs.values())
@@ -1304,7 +1321,7 @@ def as_json(setup: Setup, phases: dict[str, Phase], checks: list[Checks], info: 
         "world": setup.world,
         "prompt_tokens": int(setup.encoded["input_ids"].shape[1]),
         "phases": {
-            p.name: {"device": p.device, "peak": p.peak, "start": p.start, "rise": p.rise, "count": p.count}
+            p.name: {"device": p.device, "peak": p.peak, "start": p.start, "rise": p.rise, "count": p.count, "at": p.at}
             for p in phases.values()
         },
         "findings": [{**dataclasses.asdict(f), "class": classify(f)} for c in checks for f in c.findings],
