@@ -116,19 +116,22 @@ def apply_run_settings(run: RunConfig) -> dict:
 
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# torch's newer name for the same setting; a user's value under either name stands
+ALLOC_CONF_NEW = "PYTORCH_ALLOC_CONF"
 
 
 def use_expandable_segments() -> str | None:
     """On a machine with CUDA, let the caching allocator grow segments in place
-    (``expandable_segments:True``) unless the user set ``PYTORCH_CUDA_ALLOC_CONF``:
-    rollout and update alternate tensor shapes, which otherwise fragment the cache into
-    blocks neither can reuse. It must be set before CUDA's first allocation; the
-    ``omni-rl`` command sets it first thing. Returns the setting in force (None without
-    CUDA)."""
+    (``expandable_segments:True``) unless the user set ``PYTORCH_CUDA_ALLOC_CONF`` or
+    ``PYTORCH_ALLOC_CONF`` (even to nothing): rollout and update alternate tensor shapes,
+    which otherwise fragment the cache into blocks neither can reuse. It must be set
+    before CUDA's first allocation; the ``omni-rl`` command sets it first thing. Returns
+    the setting in force (None without CUDA)."""
     if not torch.cuda.is_available():
         return None
-    if ALLOC_CONF in os.environ:
-        return os.environ[ALLOC_CONF]
+    for name in (ALLOC_CONF, ALLOC_CONF_NEW):
+        if name in os.environ:
+            return os.environ[name]
     if torch.cuda.is_initialized():
         _log.warning("%s set after CUDA started: it applies from the next process on", ALLOC_CONF)
     os.environ[ALLOC_CONF] = "expandable_segments:True"

@@ -114,6 +114,7 @@ def test_expandable_segments_on_cuda_unless_the_user_chose(monkeypatch):
 
     monkeypatch.setenv(runtime.ALLOC_CONF, "")  # so that teardown restores the variable as it was
     monkeypatch.delenv(runtime.ALLOC_CONF)
+    monkeypatch.delenv(runtime.ALLOC_CONF_NEW, raising=False)
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
     assert runtime.use_expandable_segments() is None and runtime.ALLOC_CONF not in os.environ
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
@@ -121,3 +122,6 @@ def test_expandable_segments_on_cuda_unless_the_user_chose(monkeypatch):
     assert runtime.use_expandable_segments() == "expandable_segments:True" == os.environ[runtime.ALLOC_CONF]
     monkeypatch.setenv(runtime.ALLOC_CONF, "max_split_size_mb:128")
     assert runtime.use_expandable_segments() == "max_split_size_mb:128"  # the user's setting stands
+    monkeypatch.delenv(runtime.ALLOC_CONF)
+    monkeypatch.setenv(runtime.ALLOC_CONF_NEW, "")  # torch's newer name, set to nothing: an opt-out
+    assert runtime.use_expandable_segments() == "" and runtime.ALLOC_CONF not in os.environ
