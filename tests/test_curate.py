@@ -140,3 +140,15 @@ def test_against_decoys_a_reader_of_the_wording_drops_exactly_the_decoys(tmp_pat
     dropped = {r.id for r in read_rows(out / "dropped.jsonl")[0]}
     decoys = {r.id for r in read_rows(data)[0] if r.fields.get("decoy")}
     assert len(decoys) == 4 and dropped == decoys
+
+
+def test_a_row_that_cannot_be_read_is_named_and_counted(tmp_path, clips, tiny, monkeypatch, caplog):
+    data = clips.parent / "with_bad.jsonl"  # beside the clips, so the media paths resolve
+    data.write_text(clips.read_text() + '{"id": "bad", "problem": "no answer"}\n')
+    monkeypatch.setattr(curate, "answer_rows", lambda m, p, dataset, s, k, indices, *r, **kw: ([], []))
+    out = tmp_path / "curated"
+    with caplog.at_level("WARNING", logger="omni_rl.evaluation.curate"):
+        assert main(["curate", "text-only", str(data), "--model", str(tiny), "--out", str(out), *SETS]) == 0
+    assert "1 rows cannot be read and are left out, first:" in caplog.text and "with_bad.jsonl:13" in caplog.text
+    report = json.loads((out / "report.json").read_text())
+    assert report["refused_rows"] == 1 and report["overall"]["unasked"] == 12

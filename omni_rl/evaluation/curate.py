@@ -6,6 +6,7 @@ run resumes where it stopped; under torchrun each rank answers its share of each
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.preprocess.rows import MEDIA_FIELDS, Row, read_rows
 from omni_rl.rewards import RewardSettings
 from omni_rl.rollout.hf import SamplingParams
+
+log = logging.getLogger(__name__)
 
 PASSES = "passes.jsonl"  # one line per answered row: {id, pass_rate, ...}
 
@@ -80,6 +83,11 @@ def text_only(
     out = Path(out)
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
+    if refused and where.is_main:  # not rows: in neither kept.jsonl nor dropped.jsonl
+        first = refused[0]
+        log.warning(
+            "%s: %d rows cannot be read and are left out, first: %s: %s", data, len(refused), first.path, first.reason
+        )
     prompts = out / "text_only_prompts.jsonl"
     done = read_passes(out / PASSES)
     if where.is_main:
@@ -94,13 +102,15 @@ def text_only(
         temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
     )
     chunks = [todo[s : s + asking.chunk_rows] for s in range(0, len(todo), asking.chunk_rows)]
-    bar = tqdm(total=len(dataset.rows), initial=len(done), desc="text-only", unit="row", disable=not progress)
+    shown = progress and where.is_main
+    bar = tqdm(total=len(dataset.rows), initial=len(done), desc="text-only", unit="row", disable=not shown)
     for chunk in chunks:
         mine = chunk[where.rank :: where.world_size]
+        # a row whose prompt does not encode is logged by the dataset, kept and counted unasked
         answered, failures = answer_rows(
             model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, progress=False
         )
-        answers, failures = gathered(answered, failures)
+        answers, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
         records = [
             {"id": row.id, "pass_rate": mean_accuracy, "samples": asking.samples, "answers": answers[row.id]}
