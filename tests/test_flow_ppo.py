@@ -296,6 +296,27 @@ def test_the_learning_rates_decay_over_the_run(tmp_path):
     assert [r["optim/lr"] for r in rows[1:]] == pytest.approx(expected, rel=1e-6)
 
 
+def test_target_kl_stops_an_iterations_passes_and_the_schedule_still_ends(tmp_path):
+    """``ppo.target_kl``: after the first pass whose mean approximate KL exceeds it, the
+    iteration's other passes are skipped and their steps still move the schedule to
+    its end; a bound no pass reaches changes nothing."""
+
+    def run(name, target_kl):
+        ppo = {"epochs": 4, "minibatches": 2, "lr_schedule": "linear", "min_lr_ratio": 0.25, "target_kl": target_kl}
+        flow_ppo.train(_config(tmp_path / name, ppo=ppo, trainer={"steps": 3}))
+        rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows]
+
+    stopped, loose, plain = run("stopped", 1e-9), run("loose", 1e3), run("plain", None)
+    # the first pass's second mini-batch is scored after one step: its KL is above 1e-9
+    assert [r["update/epochs"] for r in stopped[1:]] == [1, 1, 1]
+    assert [r["update/epochs"] for r in plain[1:]] == [4, 4, 4]
+    assert stopped[-1]["optim/schedule_step"] == plain[-1]["optim/schedule_step"] == 3 * 4 * 2
+    assert stopped[-1]["optim/lr"] == pytest.approx(0.25 * 3e-4) == plain[-1]["optim/lr"]
+    assert stopped[1]["loss/approx_kl"] < plain[1]["loss/approx_kl"]
+    assert loose == plain
+
+
 def test_the_flow_sde_noise_level_anneals_over_the_run(tmp_path):
     """``policy.noise_level_end``: a moves linearly to it by the last iteration, and the
     update scores each rollout at the level that sampled it (one epoch of one

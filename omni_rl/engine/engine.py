@@ -355,6 +355,13 @@ class TrainingEngine:
         self.reshard()  # free the gathered weights until the next forward
         return StepResult(grad_norm, skipped, lr, group_norms)
 
+    def skip_steps(self, count: int) -> None:
+        """Move the learning-rate schedule on by ``count`` optimizer steps the recipe
+        chose not to take (a PPO iteration stopped early), so the run still ends where
+        its schedule does."""
+        for _ in range(count):
+            self.scheduler.step()
+
     def reshard(self) -> None:
         """Free the gathered weights that forwards left resident: a trainable model's
         blocks keep theirs until ``step`` (see ``_fully_shard``), so a forward outside

@@ -88,6 +88,7 @@ METRICS = {
     "optim/grad_norm": "gradient norm before clipping, over actor and critic",
     "optim/actor_grad_norm": "the actor's gradient norm before its clip (``ppo.actor_max_grad_norm``)",
     "optim/critic_grad_norm": "the critic's gradient norm before its clip (``ppo.critic_max_grad_norm``)",
+    "update/epochs": "passes over the rollout this step (``ppo.epochs``, fewer where ``ppo.target_kl`` stopped it)",
     "update/actor_updated": "1 once the critic's warm-up is over (``ppo.critic_warmup``), else 0",
     "update/value_clip": "the value loss's clip this step (``ppo.value_clip``, scaled by the targets' std)",
     "update/explained_variance": "1 - Var(target - value) / Var(target) of the rollout's values",
@@ -432,6 +433,13 @@ def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
     return {k: v / max(len(grad_norms), 1) for k, v in totals.items()}
 
 
+def epoch_kl(records: list[dict], batches: int) -> float:
+    """The mean approximate KL of one pass's ``batches`` mini-batches (``records``:
+    this process's, one per mini-batch) over every process's chunks: the same on
+    every rank."""
+    return mean_diagnostics(records, [0.0] * batches)["loss/approx_kl"]
+
+
 def update(
     engine: TrainingEngine,
     rollout: ChunkBuffer,
@@ -457,7 +465,8 @@ def update(
         "returns": returns.flatten(),
     }
     records, grad_norms, group_norms = [], [], []
-    for _ in range(p.epochs):
+    for epoch in range(p.epochs):
+        first = len(records)
         batches = list(minibatches(rollout, envs, cfg, stream))
         scales = advantage_scales(batches, flat["adv"]) if p.normalize_advantages else [(0.0, 1.0)] * len(batches)
         for (size, members), (mean, std) in zip(batches, scales, strict=True):
@@ -471,7 +480,11 @@ def update(
             result = engine.step()
             grad_norms.append(result.grad_norm)
             group_norms.append(result.group_norms)
+        if p.target_kl is not None and epoch_kl(records[first:], len(batches)) > p.target_kl:
+            engine.skip_steps((p.epochs - epoch - 1) * len(batches))
+            break
     diagnostics = mean_diagnostics(records, grad_norms)
+    diagnostics["update/epochs"] = epoch + 1
     for name, norms in zip(("actor_grad_norm", "critic_grad_norm"), zip(*group_norms, strict=True), strict=True):
         diagnostics[f"optim/{name}"] = sum(norms) / len(norms)
     if clip is not None:

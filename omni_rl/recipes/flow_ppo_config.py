@@ -91,6 +91,10 @@ class PPOConfig(ModeDefaults):
     """Passes over each rollout batch."""
     minibatches: int = 1
     """Mini-batches per pass (1: one step per epoch on the whole batch)."""
+    target_kl: float | None = None
+    """Stop an iteration's passes after the first whose mean approximate KL
+    (``loss/approx_kl`` over every process's mini-batches) exceeds this; the steps not
+    taken still move the learning-rate schedule. None: every pass runs."""
     critic_free: bool = False
     """GRPO variant: groups of episodes from one initial state, advantage = normalized
     return; the value head is neither read nor trained, so the critic's fields are refused."""
@@ -121,6 +125,7 @@ class PPOConfig(ModeDefaults):
             "gradient clips must be >= 0",
         )
         require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
+        require(self.target_kl is None or self.target_kl > 0, "target_kl", "must be > 0 (or null: off)")
         require(self.setting("group_size") >= 2, "group_size", "must be >= 2")
 
 
