@@ -60,4 +60,19 @@ def plot_metrics(run_dir: str | Path, out_dir: str | Path | None = None, keys=DE
         figure.savefig(path, dpi=100)
         plt.close(figure)
         written.append(path)
+    sources = sorted({k for r in rows for k in r if k.startswith("sampler/prob/")})
+    if sources:  # the UCB sampler's probabilities, one line per data source
+        figure, axis = plt.subplots(figsize=(5, 3.2))
+        for key in sources:
+            axis.plot(*zip(*[(r["step"], r[key]) for r in rows if key in r], strict=True), label=key[13:])
+        axis.set_xlabel("step")
+        axis.set_title("sampler/prob (data.sampler.type=ucb)")
+        axis.set_ylim(0, 1)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        path = out_dir / "sampler_prob.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
     return written

@@ -47,7 +47,9 @@ def vowels(shapes):
     model's answers vary on (so that advantages are not all zero)."""
     rows = [json.loads(line) for line in shapes.read_text().splitlines()]
     data = shapes.with_name("vowels.jsonl")
-    data.write_text("".join(json.dumps({**row, "problem_type": "vowel_share"}) + "\n" for row in rows))
+    # two sources, for the UCB sampler
+    rows = [{**row, "problem_type": "vowel_share", "data_source": "ab"[i % 2]} for i, row in enumerate(rows)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return data
 
 
@@ -80,12 +82,12 @@ def initial_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "tiny_model" / "model.safetensors")
 
 
-def grpo_config(root: Path, data: Path, strategy: str, **sections) -> Path:
+def grpo_config(root: Path, rows: Path, strategy: str, **sections) -> Path:
     config = {
         "recipe": "grpo",
         "run": {"output_dir": str(root / "run"), "seed": 0},
         "model": {"tiny_family": "qwen2_5_vl"},
-        "data": {"train": str(data), "prompts_per_step": 2},
+        "data": {"train": str(rows), "prompts_per_step": 2},
         "media": {
             "family": "qwen2_5_vl",
             "min_frames": 2,
@@ -168,11 +170,29 @@ def test_sft_on_two_processes_equals_one(tmp_path, shapes):
         assert [(r["step"], r["eval/held/rows"]) for r in evaluated] == [(2, rows), (3, rows)]
 
 
+def test_ucb_sampler_on_two_processes_draws_what_one_process_draws(tmp_path, vowels):
+    """Every rank observes every rank's advantages: the source probabilities, the rows
+    drawn and so the rewards are those of one process."""
+    ucb = {"data": {"sampler": {"type": "ucb", "window": 8}}}
+    launch(grpo_config(tmp_path / "one", vowels, "single", **ucb), 1)
+    launch(grpo_config(tmp_path / "two", vowels, "fsdp", **ucb), 2)
+    one, two = metrics(tmp_path / "one" / "run"), metrics(tmp_path / "two" / "run")
+    probs = [{k: v for k, v in r.items() if k.startswith("sampler/prob/")} for r in one]
+    assert all(set(p) == {"sampler/prob/a", "sampler/prob/b"} and sum(p.values()) == pytest.approx(1) for p in probs)
+    assert probs[-1]["sampler/prob/a"] != pytest.approx(0.5)  # the advantages moved them
+    for a, b in zip(one, two, strict=True):
+        assert {k: v for k, v in a.items() if k.startswith("sampler/")} == pytest.approx(
+            {k: v for k, v in b.items() if k.startswith("sampler/")}, abs=1e-9
+        )
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+
+
 def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, vowels):
-    """With dynamic sampling too: its rounds and the shared sampler's position must
-    come back the same on every rank."""
+    """With dynamic sampling and the UCB sampler too: the sampling rounds, the sources'
+    windows and the draw position must come back the same on every rank."""
     steps = 4
     sections = {
+        "data": {"sampler": {"type": "ucb", "window": 8}},
         "trainer": {"steps": steps, "save_every": 1},
         "algorithm": {"epochs": 1, "mini_batch_prompts": 0, "dynamic_sampling": True},
     }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from omni_rl.config import require
+from omni_rl.config import ModeDefaults, require, require_unset
 
 
 @dataclass
@@ -54,6 +54,34 @@ class EvalSetConfig:
 
 
 @dataclass
+class SamplerConfig(ModeDefaults):
+    """How training prompts are drawn (``data.sampler``): ``uniform`` visits the rows in
+    seeded epochs; ``ucb`` picks each prompt's ``data_source`` by how much that source
+    still teaches (DUMP's upper confidence bound over recent absolute advantages), then
+    a row of it. The UCB fields are refused under ``uniform``."""
+
+    UNSET: ClassVar[dict[str, Any]] = {"window": 300, "c": 1.0, "temperature": 0.1}
+
+    type: Literal["uniform", "ucb"] = "uniform"
+    """``uniform`` or ``ucb`` (GRPO only: it learns from the step's advantages)."""
+    window: int | None = None
+    """UCB: the last this many absolute advantages of each source (one per completion);
+    unset: 300."""
+    c: float | None = None
+    """UCB: weight of the exploration bonus sqrt(2 ln(N + 1) / (n_source + 1)); unset: 1."""
+    temperature: float | None = None
+    """UCB: sampling probabilities are softmax(score / temperature) over the sources;
+    unset: 0.1."""
+
+    def __post_init__(self):
+        if self.type == "uniform":
+            require_unset({"window": self.window, "c": self.c, "temperature": self.temperature}, "type: uniform")
+        require(self.setting("window") >= 1, "window", "must be >= 1")
+        require(self.setting("c") >= 0, "c", "must be >= 0")
+        require(self.setting("temperature") > 0, "temperature", "must be > 0")
+
+
+@dataclass
 class DataConfig:
     """The training (and evaluation) rows and how they become prompts."""
 
@@ -72,7 +100,10 @@ class DataConfig:
     prompts_per_step: int = 4
     """Prompts sampled per step (each gets rollout.n completions)."""
     shuffle: bool = True
-    """Visit the rows in a seeded random order, reshuffled every epoch."""
+    """Visit the rows in a seeded random order, reshuffled every epoch (under the UCB
+    sampler: each source's rows)."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """How prompts are drawn: uniform epochs, or a curriculum over ``data_source``."""
     strict: bool = False
     """A row that cannot be used is an error instead of a reported skip: at load (schema,
     answer, media paths, a key that looks misspelt, a row preprocess could not cache)

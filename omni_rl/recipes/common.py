@@ -214,10 +214,10 @@ def model_dir(cfg, out: Path) -> Path:
 
 def setup_data(cfg):
     """The training rows (routed and checked against the reward registry) and a
-    resumable sampler over them (the same on every rank: ranks take their share of
-    each global draw)."""
+    resumable sampler over them, ``data.sampler``'s (the same on every rank: ranks take
+    their share of each global draw)."""
     from omni_rl.data.dataset import MediaDataset
-    from omni_rl.data.sampler import PromptSampler
+    from omni_rl.data.sampler import PromptSampler, SourceUCBSampler
     from omni_rl.preprocess.pipeline import Budgets
 
     data = cfg.data
@@ -234,7 +234,20 @@ def setup_data(cfg):
     )
     if not len(dataset):
         raise OmniRLError(f"{data.train}: no usable rows ({len(dataset.failures)} refused; the log lists why)")
-    return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
+    if data.sampler.type == "uniform":
+        return dataset, PromptSampler(len(dataset), cfg.run.seed, data.shuffle)
+    unlabelled = next((row for row in dataset.rows if not row.fields.get("data_source")), None)
+    if unlabelled is not None:
+        raise OmniRLError(
+            f"{unlabelled.source}: row '{unlabelled.id}' has no data_source; data.sampler.type=ucb draws by "
+            "source, so every row needs one"
+        )
+    u = data.sampler
+    sources = [row.fields["data_source"] for row in dataset.rows]
+    sampler = SourceUCBSampler(
+        sources, cfg.run.seed, data.shuffle, u.setting("window"), u.setting("c"), u.setting("temperature")
+    )
+    return dataset, sampler
 
 
 def draw_rows(dataset, sampler, count: int, processor, refuse=None) -> list[tuple]:

@@ -302,9 +302,14 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
         with timer("weight_sync"):  # wakes a sleeping engine with the new weights
             rollout.load_weights(engine.module)
-        # LOG: every rank's rewards and diagnostics
-        everything = distributed.gather_objects(list(zip(results, types, sources, strict=True)))
-        scores = reward_metrics(*map(list, zip(*everything, strict=True))) if everything else {}
+        # LOG: every rank's rewards and diagnostics; a UCB sampler learns each source's
+        # absolute advantages (every rank's, in rank order: the same state on every rank)
+        magnitudes = [] if batch.filler else advantages.abs().tolist()
+        everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, strict=True)))
+        columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], []]
+        every_result, every_type, every_source, every_magnitude = columns
+        sampler.observe(every_source, every_magnitude)
+        scores = reward_metrics(every_result, every_type, every_source) if everything else {}
         row = {
             "step": step + 1,
             **scores,
@@ -312,9 +317,10 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **update,
             **_rollout_metrics(rollouts),
             **engine.metrics(),
-            "reward/scorer_errors": sum("error" in r.details for r, _, _ in everything),
+            "reward/scorer_errors": sum("error" in r.details for r in every_result),
             **distributed.sum_counts(dataset.cache_metrics()),
             **dataset.load_report(),
+            **sampler.metrics(),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
         evaluated = heldout.add_to(row, engine, processor)

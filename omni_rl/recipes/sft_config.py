@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omni_rl.config import FieldError
 from omni_rl.data.config import DataConfig, check_eval
 from omni_rl.engine.config import AdamWConfig, OptimizerConfig, TrainerConfig
 from omni_rl.models.config import ModelConfig
@@ -43,3 +44,5 @@ class SFTConfig:
 
     def __post_init__(self):
         check_eval(self.data, self.trainer)
+        if self.data.sampler.type != "uniform":
+            raise FieldError("data.sampler.type", "ucb learns from GRPO's advantages; SFT draws uniformly")
