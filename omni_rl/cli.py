@@ -333,15 +333,23 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+CURATE_ARGS = (
+    arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
+    arg("--model", required=True, metavar="DIR", help="a checkpoint directory, or a run's directory (its model/)"),
+    arg("--out", required=True, metavar="DIR", help="where the kept and dropped rows and the report go"),
+    arg("--samples", type=int, default=8, metavar="K", help="answers sampled per question (default: 8)"),
+    arg("--max-new-tokens", type=int, default=64, help="longest answer (default: 64)"),
+    arg("--config", metavar="FILE", help="a config whose media, data, rewards and rollout.temperature apply"),
+    overrides("--set rollout.temperature=0.7"),
+)
+
+
 @command(
     "curate text-only",
     "drop the questions a model answers without their media: each asked K times with its media removed; "
     "a row whose pass rate reaches --threshold leaves the set (kept.jsonl, dropped.jsonl, report.json in "
     "--out; an interrupted run resumes)",
-    arg("data", metavar="DATA", help="a JSONL or Parquet dataset"),
-    arg("--model", required=True, metavar="DIR", help="a checkpoint directory, or a run's directory (its model/)"),
-    arg("--out", required=True, metavar="DIR", help="where the kept and dropped rows and the report go"),
-    arg("--samples", type=int, default=8, metavar="K", help="answers sampled per question (default: 8)"),
+    *CURATE_ARGS,
     arg(
         "--threshold",
         type=float,
@@ -349,16 +357,39 @@ def _eval(args: argparse.Namespace) -> int:
         metavar="P",
         help="a text-only pass rate >= P drops the row (default: 0.875, 7 of 8)",
     ),
-    arg("--max-new-tokens", type=int, default=64, help="longest answer (default: 64)"),
-    arg("--config", metavar="FILE", help="a config whose media, data, rewards and rollout.temperature apply"),
-    overrides("--set rollout.temperature=0.7"),
 )
-def _curate(args: argparse.Namespace) -> int:
+def _curate_text_only(args: argparse.Namespace) -> int:
+    from omni_rl.evaluation.curate import TextOnly
+
+    if not 0 < args.threshold <= 1:
+        raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
+    return _curate(args, TextOnly(args.threshold))
+
+
+@command(
+    "curate difficulty",
+    "keep the questions a model sometimes solves: each asked K times with its media (from data.cache where it "
+    "holds them); a row stays while its pass rate is strictly between --low and --high (kept.jsonl, "
+    "dropped.jsonl, report.json in --out; an interrupted run resumes)",
+    *CURATE_ARGS,
+    arg("--low", type=float, default=0.0, metavar="P", help="a pass rate <= P drops the row (default: 0)"),
+    arg("--high", type=float, default=1.0, metavar="P", help="a pass rate >= P drops the row (default: 1)"),
+)
+def _curate_difficulty(args: argparse.Namespace) -> int:
+    from omni_rl.evaluation.curate import Difficulty
+
+    if not 0 <= args.low < args.high <= 1:
+        raise OmniRLError(f"curate: --low {args.low} and --high {args.high} must satisfy 0 <= low < high <= 1")
+    return _curate(args, Difficulty(args.low, args.high))
+
+
+def _curate(args: argparse.Namespace, rule) -> int:
+    """Load the model and the config, curate ``args.data`` by ``rule``, print the report."""
     from pathlib import Path
 
     from omni_rl.data.config import DataConfig
     from omni_rl.engine import distributed
-    from omni_rl.evaluation.curate import Asking, report_table, text_only
+    from omni_rl.evaluation.curate import Asking, curate, report_table
     from omni_rl.models import load
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
@@ -366,8 +397,6 @@ def _curate(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise OmniRLError("curate: --samples must be >= 1")
-    if not 0 < args.threshold <= 1:
-        raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
     if not Path(args.data).is_file():
         raise OmniRLError(f"{args.data}: no such dataset file")
     cfg = load_config(args.config, args.overrides, recipe="grpo")
@@ -385,17 +414,18 @@ def _curate(args: argparse.Namespace) -> int:
         temperature=rollout.temperature if rollout is not None else 1.0,
         max_new_tokens=args.max_new_tokens,
     )
-    result = text_only(
+    result = curate(
         model,
         processor,
         args.data,
         args.out,
         Budgets.from_config(cfg.media),
         asking,
-        args.threshold,
+        rule,
         data.prompt_template,
         dict(data.columns),
         rewards.settings() if rewards is not None else None,
+        cache=data.cache,
     )
     if distributed.ranks().is_main:
         print(report_table(result))

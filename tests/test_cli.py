@@ -114,6 +114,7 @@ READS = {
     "quickstart": ("quickstart", "quickstart_audio", "quickstart_sim", "quickstart_vla"),
     "eval": ("preprocess", "protocol"),
     "curate text-only": ("grpo",),
+    "curate difficulty": ("grpo",),
     "preprocess": ("preprocess",),
     "cache gc": ("preprocess",),
     "rewards check": ("preprocess",),

@@ -1,6 +1,7 @@
 """``omni-rl curate text-only``: the questions asked without their media, the rows a
 model answers from their wording dropped, a report per type and source, and a resume
-that asks only what is left."""
+that asks only what is left. ``omni-rl curate difficulty``: asked with their media, the
+rows always or never solved dropped."""
 
 from __future__ import annotations
 
@@ -51,12 +52,17 @@ def test_the_report_counts_by_hand():
         Row("d", "q", "counting", "4", fields={"data_source": "s2"}),
     ]
     done = {"a": {"pass_rate": 1.0}, "b": {"pass_rate": 0.25}, "c": {"pass_rate": 0.875}}  # d: not asked
-    result = curate.report(rows, done, threshold=0.875)
+    result = curate.report(rows, done, curate.TextOnly(0.875))
     mc, counting = result["per_type"]["multiple_choice"], result["per_type"]["counting"]
     assert mc == {"rows": 2, "unasked": 0, "dropped": 1, "dropped_share": 0.5, "pass_rate": 0.625, "chance": 0.375}
     assert counting == {"rows": 2, "unasked": 1, "dropped": 1, "dropped_share": 0.5, "pass_rate": 0.875, "chance": None}
     assert result["per_source"]["s1"]["dropped"] == 1 and result["overall"]["dropped"] == 2
-    assert "threshold: a text-only pass rate >= 0.875" in curate.report_table(result)
+    assert "text-only: a text-only pass rate >= 0.875 drops the row" in curate.report_table(result)
+    assert result["curation"] == "text-only" and result["threshold"] == 0.875
+    # the same answers under curate difficulty (0, 1): the rows always or never solved leave
+    hard = curate.report(rows, done, curate.Difficulty(0.0, 1.0))
+    assert hard["per_type"]["multiple_choice"]["dropped"] == 1 and hard["overall"]["dropped"] == 1
+    assert "pass rate with the media outside (0, 1) drops the row" in curate.report_table(hard)
 
 
 def test_rows_answered_from_their_wording_leave_the_set(tmp_path, clips, tiny, monkeypatch):
@@ -152,3 +158,40 @@ def test_a_row_that_cannot_be_read_is_named_and_counted(tmp_path, clips, tiny, m
     assert "1 rows cannot be read and are left out, first:" in caplog.text and "with_bad.jsonl:13" in caplog.text
     report = json.loads((out / "report.json").read_text())
     assert report["refused_rows"] == 1 and report["overall"]["unasked"] == 12
+
+
+def test_difficulty_keeps_the_rows_sometimes_solved(tmp_path, clips, tiny, monkeypatch):
+    """Canned answers with the video: always right on 'direction', half right on
+    'order', never right otherwise; with the defaults (0, 1) only the order rows stay,
+    and every prompt carries its video."""
+
+    def canned(model, processor, dataset, sampling, samples, indices, *rest, **kw):
+        out = []
+        for i in indices:
+            sample = dataset[i]
+            assert sample.videos  # asked with the media
+            right, wrong = str(sample.answer), "no idea"
+            kind = sample.id.rsplit("-", 1)[1]
+            texts = {"direction": [right] * 4, "order": [right, wrong] * 2}.get(kind, [wrong] * 4)
+            out.append((sample, texts[:samples]))
+        return out, []
+
+    monkeypatch.setattr(curate, "answer_rows", canned)
+    out = tmp_path / "curated"
+    args = ["curate", "difficulty", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "4", *SETS]
+    assert main(args) == 0
+    kept = read_rows(out / "kept.jsonl")[0]
+    assert sorted(r.id.rsplit("-", 1)[1] for r in kept) == ["order"] * 3
+    rates = sorted(json.loads(line)["pass_rate"] for line in (out / "dropped.jsonl").read_text().splitlines())
+    assert rates == [0.0] * 6 + [1.0] * 3
+    report = json.loads((out / "report.json").read_text())
+    assert report["curation"] == "difficulty" and (report["low"], report["high"]) == (0.0, 1.0)
+    assert report["overall"]["dropped"] == 9
+    # its progress file is not a text-only run's: that run into the same folder is refused
+    assert main(["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(out), *SETS]) == 2
+
+
+def test_difficulty_bounds_are_checked(tmp_path, clips, tiny, capsys):
+    base = ["curate", "difficulty", str(clips), "--model", str(tiny), "--out", str(tmp_path)]
+    assert main([*base, "--low", "0.5", "--high", "0.5"]) == 2
+    assert "--low 0.5 and --high 0.5 must satisfy 0 <= low < high <= 1" in capsys.readouterr().err

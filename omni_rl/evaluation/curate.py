@@ -1,7 +1,10 @@
-"""Curation by what a model answers. ``text_only``: each question asked without its
-media, K sampled answers; a question whose pass rate reaches the threshold is answered
-by its wording and leaves the set. Progress is written row by row, so an interrupted
-run resumes where it stopped; under torchrun each rank answers its share of each chunk."""
+"""Curation by what a model answers, K sampled answers per question. ``TextOnly``: each
+question asked without its media; one whose pass rate reaches the threshold is answered
+by its wording and leaves the set. ``Difficulty``: asked with its media; a row stays
+only while its pass rate is strictly between the bounds (one the model always or never
+solves gives GRPO's groups nothing to compare). Progress is written row by row, so an
+interrupted run resumes where it stopped; under torchrun each rank answers its share
+of each chunk."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from tqdm import tqdm
 
 from omni_rl.data.dataset import PLACEHOLDER, MediaDataset
 from omni_rl.engine import distributed
+from omni_rl.errors import OmniRLError
 from omni_rl.evaluation.answer import answer_rows, gathered
 from omni_rl.evaluation.score import score_rows
 from omni_rl.evaluation.summary import chance
@@ -40,6 +44,43 @@ class Asking:
     """Rows answered between two writes of the progress file."""
 
 
+@dataclass(frozen=True)
+class TextOnly:
+    """Ask without the media; a pass rate >= ``threshold`` drops the row."""
+
+    threshold: float = 0.875
+    name = "text-only"
+    rate_key = "text_only_pass_rate"
+
+    def drops(self, rate: float) -> bool:
+        return rate >= self.threshold
+
+    def describe(self) -> str:
+        return f"a text-only pass rate >= {self.threshold:g} drops the row"
+
+    def as_dict(self) -> dict:
+        return {"curation": self.name, "threshold": self.threshold}
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """Ask with the media; a row stays while ``low`` < pass rate < ``high``."""
+
+    low: float = 0.0
+    high: float = 1.0
+    name = "difficulty"
+    rate_key = "pass_rate"
+
+    def drops(self, rate: float) -> bool:
+        return not self.low < rate < self.high
+
+    def describe(self) -> str:
+        return f"a pass rate with the media outside ({self.low:g}, {self.high:g}) drops the row"
+
+    def as_dict(self) -> dict:
+        return {"curation": self.name, "low": self.low, "high": self.high}
+
+
 def without_media(row: Row) -> dict:
     """``row`` as a record with its media taken out: no images, videos or audios, the
     problem's ``<image>``/``<video>``/``<audio>`` placeholders removed, the rest as it was."""
@@ -48,38 +89,46 @@ def without_media(row: Row) -> dict:
     return record
 
 
-def read_passes(path: Path) -> dict[str, dict]:
-    """{row id: its record} of a progress file; a line cut short by a kill is left out."""
+def read_passes(path: Path, curation: str = "text-only") -> dict[str, dict]:
+    """{row id: its record} of a progress file; a line cut short by a kill is left out.
+    A file another kind of curation wrote is refused (its pass rates mean another thing)."""
     done = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(record, dict) and "id" in record and "pass_rate" in record:
+                if record.get("curation", "text-only") != curation:
+                    raise OmniRLError(
+                        f"{path}:{number}: written by curate {record.get('curation', 'text-only')}, not {curation}: "
+                        "give this run another --out"
+                    )
                 done[record["id"]] = record
     return done
 
 
-def text_only(
+def curate(
     model,
     processor,
     data: str | Path,
     out: str | Path,
     budgets: Budgets,
     asking: Asking,
-    threshold: float,
+    rule: TextOnly | Difficulty,
     prompt_template: str,
     columns: dict[str, str] | None = None,
     settings: RewardSettings | None = None,
+    cache: str | None = None,
     progress: bool = True,
 ) -> dict:
-    """Ask every row of ``data`` without its media; write to ``out``: ``kept.jsonl``
-    (the rows whose text-only pass rate stays below ``threshold``, media and all),
-    ``dropped.jsonl`` (the others, each with its ``text_only_pass_rate``),
-    ``passes.jsonl`` (the progress, one line per row) and ``report.json``; returns the
-    report (``report`` below). Rows already in ``passes.jsonl`` are not asked again."""
+    """Ask every row of ``data`` as ``rule`` says (without its media for ``TextOnly``;
+    with them, from ``cache`` where it holds them, for ``Difficulty``); write to
+    ``out``: ``kept.jsonl`` (the rows the rule keeps, media and all), ``dropped.jsonl``
+    (the others, each with its pass rate under ``rule.rate_key``), ``passes.jsonl``
+    (the progress, one line per row) and ``report.json``; returns the report
+    (``report`` below). Rows already in ``passes.jsonl`` are not asked again."""
     out = Path(out)
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
@@ -88,32 +137,43 @@ def text_only(
         log.warning(
             "%s: %d rows cannot be read and are left out, first: %s: %s", data, len(refused), first.path, first.reason
         )
+    done = read_passes(out / PASSES, rule.name)
     prompts = out / "text_only_prompts.jsonl"
-    done = read_passes(out / PASSES)
     if where.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in rows), encoding="utf-8")
+        if isinstance(rule, TextOnly):
+            prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in rows), encoding="utf-8")
         # the progress as read: a line a kill cut short goes before new lines follow it
         (out / PASSES).write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
     distributed.barrier()
-    dataset = MediaDataset(prompts, budgets, cache_mode="no_cache", prompt_template=prompt_template)
+    if isinstance(rule, TextOnly):
+        dataset = MediaDataset(prompts, budgets, cache_mode="no_cache", prompt_template=prompt_template)
+    else:
+        mode = "prefer_cache" if cache else "no_cache"
+        dataset = MediaDataset(data, budgets, cache, mode, prompt_template=prompt_template, columns=columns)
     todo = [i for i, row in enumerate(dataset.rows) if row.id not in done]
     sampling = SamplingParams(
         temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
     )
     chunks = [todo[s : s + asking.chunk_rows] for s in range(0, len(todo), asking.chunk_rows)]
     shown = progress and where.is_main
-    bar = tqdm(total=len(dataset.rows), initial=len(done), desc="text-only", unit="row", disable=not shown)
+    bar = tqdm(total=len(dataset.rows), initial=len(done), desc=rule.name, unit="row", disable=not shown)
     for chunk in chunks:
         mine = chunk[where.rank :: where.world_size]
-        # a row whose prompt does not encode is logged by the dataset, kept and counted unasked
+        # a row whose prompt or media do not encode is logged by the dataset, kept and counted unasked
         answered, failures = answer_rows(
             model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, progress=False
         )
         answers, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
         records = [
-            {"id": row.id, "pass_rate": mean_accuracy, "samples": asking.samples, "answers": answers[row.id]}
+            {
+                "id": row.id,
+                "curation": rule.name,
+                "pass_rate": mean_accuracy,
+                "samples": asking.samples,
+                "answers": answers[row.id],
+            }
             for row, (*_, mean_accuracy) in zip(asked, score_rows(asked, answers, settings), strict=True)
         ]
         if where.is_main:
@@ -122,30 +182,30 @@ def text_only(
         done.update({r["id"]: r for r in records})
         bar.update(len(chunk))
     bar.close()
-    result = report(rows, done, threshold, refused_rows=len(refused))
+    result = report(rows, done, rule, refused_rows=len(refused))
     if where.is_main:
-        _write_split(out, rows, done, threshold)
+        _write_split(out, rows, done, rule)
         (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
 
-def _write_split(out: Path, rows: list[Row], done: dict[str, dict], threshold: float) -> None:
+def _write_split(out: Path, rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty) -> None:
     kept, dropped = [], []
     for row in rows:
         rate = done.get(row.id, {}).get("pass_rate")
-        if rate is not None and rate >= threshold:
-            dropped.append({**row.fields, "text_only_pass_rate": rate})
+        if rate is not None and rule.drops(rate):
+            dropped.append({**row.fields, rule.rate_key: rate})
         else:
             kept.append(row.fields)
     for name, records in (("kept.jsonl", kept), ("dropped.jsonl", dropped)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 
 
-def report(rows: list[Row], done: dict[str, dict], threshold: float, refused_rows: int = 0) -> dict:
+def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, refused_rows: int = 0) -> dict:
     """Counts and rates per ``problem_type`` and per ``data_source``: rows, dropped,
-    the share dropped, the mean text-only pass rate and the chance level (a uniform
-    guess among the options; None without options). Rows the model could not be asked
-    (their prompt did not encode) are kept and counted as ``unasked``."""
+    the share dropped, the mean pass rate and the chance level (a uniform guess among
+    the options; None without options). Rows the model could not be asked (their
+    prompt or media did not encode) are kept and counted as ``unasked``."""
     groups: dict[str, dict[str, list]] = {"per_type": defaultdict(list), "per_source": defaultdict(list)}
     for row in rows:
         entry = (done.get(row.id, {}).get("pass_rate"), chance(row.fields))
@@ -153,17 +213,18 @@ def report(rows: list[Row], done: dict[str, dict], threshold: float, refused_row
         groups["per_source"][row.fields.get("data_source") or "unknown"].append(entry)
     everything = [e for entries in groups["per_type"].values() for e in entries]
     return {
-        "threshold": threshold,
+        **rule.as_dict(),
+        "rule": rule.describe(),
         "refused_rows": refused_rows,
-        "overall": _group(everything, threshold),
-        **{name: {k: _group(v, threshold) for k, v in sorted(g.items())} for name, g in groups.items()},
+        "overall": _group(everything, rule),
+        **{name: {k: _group(v, rule) for k, v in sorted(g.items())} for name, g in groups.items()},
     }
 
 
-def _group(entries: list[tuple[float | None, float | None]], threshold: float) -> dict:
+def _group(entries: list[tuple[float | None, float | None]], rule: TextOnly | Difficulty) -> dict:
     rates = [rate for rate, _ in entries if rate is not None]
     chances = [c for _, c in entries if c is not None]
-    dropped = sum(rate >= threshold for rate in rates)
+    dropped = sum(rule.drops(rate) for rate in rates)
     return {
         "rows": len(entries),
         "unasked": len(entries) - len(rates),
@@ -187,5 +248,5 @@ def report_table(result: dict) -> str:
         lines.append(f"{title}:")
         lines += [line("  " + name, g) for name, g in result[key].items()]
     lines.append(line("overall", result["overall"]))
-    lines.append(f"threshold: a text-only pass rate >= {result['threshold']:g} drops the row")
+    lines.append(f"{result['curation']}: {result['rule']}")
     return "\n".join(lines)
