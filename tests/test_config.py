@@ -191,6 +191,7 @@ def test_a_partial_section_keeps_the_fields_default():
     cfg = load_config(None, ["ppo.epochs=2", "run.output_dir=x"], recipe="quickstart_sim")
     assert cfg.ppo.epochs == 2 and cfg.ppo.actor_lr == 5e-5 and cfg.ppo.critic_warmup == 20
     assert cfg.run.output_dir == "x" and cfg.run.threads == 2 and cfg.run.name == "quickstart_sim"
+    assert cfg.run.cpu_kernels == "avx2"  # its seed rows come back on machines without AVX-512
     # a Choice section keeps its default's type and values unless 'type' changes it
     cfg = load_config(None, ["optimizer.weight_decay=0.1"], recipe="demo")
     assert isinstance(cfg.optimizer, AdamWConfig) and cfg.optimizer.lr == 1e-3

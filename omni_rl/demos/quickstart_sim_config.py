@@ -18,7 +18,9 @@ class QuickstartSimConfig:
     Flow-Noise PPO on CPU ManiSkill envs, held-out success before and after."""
 
     run: RunConfig = field(
-        default_factory=lambda: RunConfig(name="quickstart_sim", output_dir="runs/quickstart_sim", threads=2)
+        default_factory=lambda: RunConfig(
+            name="quickstart_sim", output_dir="runs/quickstart_sim", threads=2, cpu_kernels="avx2"
+        )
     )
     """Output directory, seed and hardware."""
     seeds: int = 3
