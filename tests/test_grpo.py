@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import ConfigError, OmniRLError
 from omni_rl.preprocess.scenes import write_video_qa
 from omni_rl.recipe_loader import load_config
 from omni_rl.recipes import grpo
@@ -498,7 +498,11 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
         recipe="grpo",
     )
     batch = grpo.Batch(samples=[None, None], encoded=[{"input_ids": torch.zeros(1, 3)}] * 2, seeds=[0, 1])
-    rollouts = SimpleNamespace(completion_ids=torch.zeros(4, 4, dtype=torch.long), logprobs=torch.zeros(4, 4))
+    rollouts = SimpleNamespace(
+        completion_ids=torch.zeros(4, 4, dtype=torch.long),
+        logprobs=torch.zeros(4, 4),
+        replaced=torch.zeros(4, dtype=bool),
+    )
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, 0, cfg, logged=True)
     # one epoch: s = 1 for every sequence, nothing clipped; policy -(1 - 0.5 + 2 + 0.5) / 4
     # (the token count would give -3 / 8 = -0.375)
@@ -569,3 +573,82 @@ def test_sum_norm_kl_and_entropy_divide_by_the_fixed_length():
     assert sums["actor/entropy"] == pytest.approx(0.4375, abs=1e-6)
     # entropy_coef is 0: the loss is the policy term plus 0.1 x the KL
     assert loss.item() == pytest.approx(-0.0625 + 0.1 * 0.0875, abs=1e-6)
+
+
+def test_an_offline_answer_joins_its_group_and_the_loss_adds_up(tmp_path, shapes, monkeypatch):
+    """algorithm.offline_responses=always: each group's last completion is its row's
+    offline answer, scored 1 against the sampled ones' 0, so it carries the group's
+    largest advantage. The first pass's loss is the hand computation
+    -sum_i A_i L_i / sum_i L_i (every ratio 1: the offline answer's behaviour log-prob is
+    the trainer's own), and the rollout/trainer mismatch counts sampled tokens only (the
+    hf engine's own weights: none), though the offline rows hold no sampler log-probs."""
+    from omni_rl.rewards import RewardResult
+
+    rows = [json.loads(line) for line in shapes.read_text().splitlines()]
+    data = shapes.with_name("offline.jsonl")  # beside the clips
+    data.write_text("".join(json.dumps({**r, "offline_response": str(r["answer"])}) + "\n" for r in rows))
+
+    def right_if_offline(samples, texts, n, cfg):
+        right = [float(t == samples[i // n].fields["offline_response"]) for i, t in enumerate(texts)]
+        return [RewardResult(x, x, 1.0) for x in right]
+
+    seen = []
+    update = grpo._update
+
+    def spy(engine, reference, batch, rollouts, mask, advantages, *rest):
+        stats = update(engine, reference, batch, rollouts, mask, advantages, *rest)
+        seen.append((batch, rollouts, mask.cpu().float(), advantages.cpu(), stats))
+        return stats
+
+    monkeypatch.setattr(grpo, "_score", right_if_offline)
+    monkeypatch.setattr(grpo, "_update", spy)
+    # TIS weighs each token by min(pi/mu, 2): an offline answer's weight must be 1
+    algorithm = {"epochs": 1, "mini_batch_prompts": 0, "offline_responses": "always", "rollout_correction": "tis"}
+    grpo.train(load_config(tiny_config(tmp_path, data, algorithm=algorithm, trainer={"steps": 2})))
+    for batch, rollouts, mask, adv, stats in seen:
+        assert rollouts.replaced.tolist() == [False, False, False, True] * 2
+        offline = [3, 7]
+        assert [rollouts.texts[r] for r in offline] == [s.fields["offline_response"] for s in batch.samples]
+        assert [rollouts.finish_reasons[r] for r in offline] == ["stop", "stop"]
+        for g in (0, 1):  # the offline answer, right alone, has its group's largest advantage
+            group = adv[4 * g : 4 * g + 4]
+            assert group[3] > 0 and group[3] == group.max() and (group[:3] == group[0]).all()
+        lengths = mask.sum(-1)
+        assert stats["loss/policy"] == pytest.approx(float(-(adv * lengths).sum() / lengths.sum()), rel=1e-5)
+        assert stats["rollout/logp_abs_diff"] < 1e-4 and stats["rollout/tis_capped_fraction"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["offline/groups_share"], r["offline/reward_mean"]) for r in rows] == [(1.0, 1.0)] * 2
+
+
+def test_offline_answers_replace_completions_cut_to_the_limit():
+    from omni_rl.rollout.hf import Rollouts, replace_completions
+
+    ids = torch.tensor([[5, 2, 0], [6, 6, 2], [7, 2, 0], [8, 8, 8]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    sampled = Rollouts(
+        ids, mask, -torch.ones(4, 3), torch.tensor([2, 3, 2, 3]), ["stop"] * 3 + ["length"], ["a", "b", "c", "d"], 2
+    )
+    mixed = replace_completions(sampled, {1: [9, 9, 9, 9, 2]}, {1: "offline"}, pad_id=0, limit=6)
+    assert mixed.completion_ids.tolist() == [[5, 2, 0, 0, 0], [9, 9, 9, 9, 2], [7, 2, 0, 0, 0], [8, 8, 8, 0, 0]]
+    assert mixed.completion_mask[1].tolist() == [1] * 5 and mixed.lengths.tolist() == [2, 5, 2, 3]
+    assert mixed.logprobs[1].tolist() == [0.0] * 5 and mixed.logprobs[0, :2].tolist() == [-1.0, -1.0]
+    assert mixed.replaced.tolist() == [False, True, False, False] and mixed.texts[1] == "offline"
+    assert mixed.finish_reasons == ["stop", "stop", "stop", "length"]
+    cut = replace_completions(sampled, {2: [9, 9, 9, 9, 2]}, {2: "long"}, pad_id=0, limit=3)
+    assert cut.completion_ids[2].tolist() == [9, 9, 9] and cut.finish_reasons[2] == "length"
+    assert sampled.replaced.tolist() == [False] * 4  # nothing replaced: all sampled
+
+
+@pytest.mark.parametrize(
+    ("mode", "below", "accuracy", "takes"),
+    [("always", None, 1.0, True), ("never", None, 0.0, False), ("below", 0.5, 0.25, True), ("below", 0.5, 0.5, False)],
+)
+def test_which_groups_take_an_offline_answer(mode, below, accuracy, takes):
+    assert grpo.takes_offline(accuracy, mode, below) is takes
+
+
+def test_offline_below_belongs_to_its_mode():
+    with pytest.raises(ConfigError, match="offline_below: does nothing under offline_responses: always"):
+        load_config(None, ["data.train=x", "algorithm.offline_responses=always", "algorithm.offline_below=0.5"], "grpo")
+    with pytest.raises(ConfigError, match="offline_responses: below needs it in"):
+        load_config(None, ["data.train=x", "algorithm.offline_responses=below"], "grpo")

@@ -49,7 +49,7 @@ from omni_rl.recipes.grpo_config import GRPOConfig
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
 from omni_rl.rollout import build_rollout_engine
-from omni_rl.rollout.hf import SamplingParams, concat_rollouts, select_groups
+from omni_rl.rollout.hf import SamplingParams, concat_rollouts, replace_completions, select_groups
 
 _log = logging.getLogger(__name__)
 NO_FILTER = SamplingFilter()  # an engine that samples with temperature alone
@@ -103,11 +103,50 @@ def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
     return score_batch(types, texts, targets, cfg.rewards.settings(), cfg.rewards.workers)
 
 
-def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, skipped: dict, timer):
+def takes_offline(accuracy: float, mode: str, below: float | None) -> bool:
+    """Whether a group of this online accuracy takes its row's offline answer
+    (``algorithm.offline_responses``)."""
+    return mode == "always" or (mode == "below" and accuracy < below)
+
+
+def _mix_offline(samples: list[Sample], rollouts, scored: list, tokenizer, cfg: GRPOConfig, mixed: dict):
+    """Each group whose row has an ``offline_response`` and that ``takes_offline``: its
+    last completion replaced by that answer (tokenized, ending in the stop token, cut
+    at ``max_new_tokens``) and scored like the others. ``mixed`` counts the groups seen,
+    those that took one and their rewards."""
+    algo, n = cfg.algorithm, cfg.rollout.n
+    accuracy = [sum(r.accuracy for r in scored[p * n : (p + 1) * n]) / n for p in range(len(samples))]
+    mode, below = algo.offline_responses, algo.offline_below
+    chosen = [
+        p
+        for p, sample in enumerate(samples)
+        if sample.fields.get("offline_response") and takes_offline(accuracy[p], mode, below)
+    ]
+    mixed["groups"] += len(samples)
+    if not chosen:
+        return rollouts, scored
+    texts = {p * n + n - 1: str(samples[p].fields["offline_response"]) for p in chosen}
+    ids = {
+        row: tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for row, text in texts.items()
+    }
+    rollouts = replace_completions(rollouts, ids, texts, tokenizer.pad_token_id, cfg.rollout.max_new_tokens)
+    results = _score([samples[p] for p in chosen], list(texts.values()), 1, cfg)
+    scored = list(scored)
+    for row, result in zip(texts, results, strict=True):
+        scored[row] = result
+    mixed["offline"] += len(chosen)
+    mixed["offline_reward"] += sum(r.score for r in results)
+    return rollouts, scored
+
+
+def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, skipped: dict, mixed: dict, timer):
     """Sample, roll out and score until this rank has its share of ``prompts_per_step``
     (with dynamic sampling: prompts whose G rewards differ, within
     ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
-    so that collectives stay in step). Returns (batch, rollouts, results, rewards [B*G])."""
+    so that collectives stay in step); rows' offline answers are mixed into their
+    groups first (``_mix_offline``, counted in ``mixed``). Returns (batch, rollouts,
+    results, rewards [B*G])."""
     algo, n = cfg.algorithm, cfg.rollout.n
     want = per_rank(cfg.data.prompts_per_step, distributed.ranks(), "data.prompts_per_step")
     pad = processor.tokenizer.pad_token_id
@@ -123,6 +162,8 @@ def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, sk
             rollouts = rollout.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
+            if algo.offline_responses != "never":
+                rollouts, scored = _mix_offline(drawn.samples, rollouts, scored, processor.tokenizer, cfg, mixed)
             reward = torch.tensor([r.score for r in scored])
             if algo.overlong == "penalty":
                 buffer = min(algo.overlong_buffer, cfg.rollout.max_new_tokens)
@@ -229,6 +270,18 @@ def _advantages(rewards: torch.Tensor, filler: bool, cfg: GRPOConfig) -> torch.T
     return torch.zeros_like(rewards, dtype=torch.float) if filler else advantages
 
 
+def _offline_metrics(mixed: dict, mode: str) -> dict:
+    """Over every rank: the share of scored groups that took an offline answer, and
+    the mean reward of those answers (``algorithm.offline_responses``)."""
+    if mode == "never":
+        return {}
+    groups, offline, reward = distributed.all_sum([mixed["groups"], mixed["offline"], mixed["offline_reward"]])
+    row = {"offline/groups_share": offline / max(groups, 1)}
+    if offline:
+        row["offline/reward_mean"] = reward / offline
+    return row
+
+
 def _rollout_metrics(rollouts) -> dict:
     """Response lengths over every rank's completions."""
     count, total, clipped, longest = distributed.all_sum(
@@ -279,8 +332,9 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}  # bad rows: the dataset counts
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
+        mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0}
         batch, rollouts, results, rewards = _collect(
-            dataset, sampler, rollout, processor, sampling, cfg, skipped, timer
+            dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, timer
         )
         rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
         types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
@@ -321,6 +375,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **distributed.sum_counts(dataset.cache_metrics()),
             **dataset.load_report(),
             **sampler.metrics(),
+            **_offline_metrics(mixed, algo.offline_responses),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
         evaluated = heldout.add_to(row, engine, processor)
@@ -405,6 +460,9 @@ def _update(
     correction, cap = _correction(cfg), algo.rollout_correction_cap
     ids = rollouts.completion_ids.to(engine.device)
     behaviour = rollouts.logprobs.to(engine.device)
+    # an offline answer's behaviour log-prob is the trainer's own at rollout time: its
+    # log pi/mu is 0, and it counts in no mismatch figure
+    sampled = mask.masked_fill(rollouts.replaced.to(mask.device)[:, None], 0)
     prompts = list(range(len(batch.samples)))
     if not distributed.all_max(len(prompts)):
         return {"skipped_update": 1}
@@ -419,7 +477,7 @@ def _update(
                 chunk = chunk or prompts[:1]  # a padding forward keeps collectives in step
                 if needs_old:
                     out = _logprobs(engine.model, batch, chunk, ids, mask, pad_id, cfg, kept=filt)
-                    old[m, i], ratios[m, i] = out.logp, _ratio_log(out, behaviour, mask, _rows(chunk, n))
+                    old[m, i], ratios[m, i] = out.logp, _ratio_log(out, behaviour, sampled, _rows(chunk, n))
                 if algo.kl_coef > 0 and not algo.kl_in_reward:
                     ref[m, i] = _reference_logp(engine, reference, batch, chunk, ids, mask, pad_id, cfg)
     loss_mask, dropped = mask, 0
@@ -453,9 +511,9 @@ def _update(
                 )
                 width = out.logp.shape[1]
                 old_logp = old[m, i] if needs_old else out.logp.detach()
-                ratio = ratios[m, i] if needs_old else _ratio_log(out, behaviour, mask, rows)
+                ratio = ratios[m, i] if needs_old else _ratio_log(out, behaviour, sampled, rows)
                 if epoch == 0 and weight:
-                    mismatch = mismatch + mismatch_sums(ratio, mask[rows, :width], cap)
+                    mismatch = mismatch + mismatch_sums(ratio, sampled[rows, :width], cap)
                 tis = None
                 if correction == "tis":
                     weigh = sequence_tis_weights if algo.loss == "gspo" else tis_weights

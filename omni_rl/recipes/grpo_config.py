@@ -67,6 +67,14 @@ class AlgorithmConfig:
     the trainer's own weights). The mismatch itself is logged every step either way."""
     rollout_correction_cap: float = 2.0
     """The cap C of the correction (> 1)."""
+    offline_responses: Literal["never", "always", "below"] = "never"
+    """Rows' ``offline_response`` (a worked answer) in their groups: never; always, one
+    completion of each such row's group replaced by it; below, only where the group's
+    online accuracy is below ``offline_below``. Its behaviour log-prob is the trainer's
+    own at rollout time, and its ratio is clipped like the others'."""
+    offline_below: float | None = None
+    """With ``offline_responses: below``: the online accuracy under which a group takes
+    its row's offline answer (in (0, 1])."""
 
     def __post_init__(self):
         from omni_rl.algorithms.advantages import ADVANTAGES
@@ -92,6 +100,13 @@ class AlgorithmConfig:
         require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
         require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
         require(self.rollout_correction_cap > 1, "rollout_correction_cap", "must be > 1")
+        if self.offline_responses == "below":
+            below = self.offline_below
+            require(
+                below is not None and 0 < below <= 1, "offline_below", "offline_responses: below needs it in (0, 1]"
+            )
+        else:
+            require_unset({"offline_below": self.offline_below}, f"offline_responses: {self.offline_responses}")
 
     @property
     def clip_range(self) -> tuple[float, float]:

@@ -63,6 +63,9 @@ class Rollouts:
         lengths: [N] completion lengths.
         finish_reasons: 'stop' (end token) or 'length' (hit max_new_tokens), per completion.
         texts: decoded completions without special tokens.
+        offline: bool [N], completions a row's ``offline_response`` replaced (their
+            ``logprobs`` are not a sampler's: the trainer takes its own at rollout
+            time); None: every completion was sampled.
     """
 
     completion_ids: torch.Tensor
@@ -72,11 +75,19 @@ class Rollouts:
     finish_reasons: list[str]
     texts: list[str]
     group_size: int
+    offline: torch.Tensor | None = None
 
     @property
     def truncated(self) -> torch.Tensor:
         """bool [N]: completions cut off at max_new_tokens."""
         return torch.tensor([r == "length" for r in self.finish_reasons], device=self.lengths.device)
+
+    @property
+    def replaced(self) -> torch.Tensor:
+        """bool [N]: ``offline``, all False where nothing was replaced."""
+        if self.offline is not None:
+            return self.offline
+        return torch.zeros(len(self.texts), dtype=torch.bool, device=self.lengths.device)
 
 
 MASK32 = 0xFFFFFFFF
@@ -260,6 +271,7 @@ def select_groups(rollouts: Rollouts, prompts: list[int]) -> Rollouts:
         [rollouts.finish_reasons[r] for r in rows],
         [rollouts.texts[r] for r in rows],
         n,
+        None if rollouts.offline is None else rollouts.offline[index],
     )
 
 
@@ -278,4 +290,34 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         [r for p in parts for r in p.finish_reasons],
         [t for p in parts for t in p.texts],
         parts[0].group_size,
+        torch.cat([p.replaced for p in parts]) if any(p.offline is not None for p in parts) else None,
     )
+
+
+def replace_completions(
+    rollouts: Rollouts, ids: dict[int, list[int]], texts: dict[int, str], pad_id: int, limit: int
+) -> Rollouts:
+    """``rollouts`` with the completions of rows ``ids`` (row -> token ids ending in the
+    stop token; ``texts``: row -> text) in place of the sampled ones, cut at ``limit``
+    tokens (finish reason 'length' where cut) and marked ``offline``: their behaviour
+    log-probs are unknown, left 0 here, and taken as the trainer's own."""
+    cut = {row: tokens[:limit] for row, tokens in ids.items()}
+    width = max([rollouts.completion_ids.shape[1], *map(len, cut.values())])
+
+    def pad(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    completion_ids, mask = pad(rollouts.completion_ids, pad_id), pad(rollouts.completion_mask, 0)
+    logprobs, lengths = pad(rollouts.logprobs, 0.0), rollouts.lengths.clone()
+    reasons, new_texts, offline = list(rollouts.finish_reasons), list(rollouts.texts), rollouts.replaced.clone()
+    for row, tokens in cut.items():
+        completion_ids[row] = pad_id
+        completion_ids[row, : len(tokens)] = torch.tensor(tokens, device=completion_ids.device)
+        mask[row] = 0
+        mask[row, : len(tokens)] = 1
+        logprobs[row] = 0.0
+        lengths[row] = len(tokens)
+        reasons[row] = "stop" if len(tokens) == len(ids[row]) else "length"
+        new_texts[row] = texts[row]
+        offline[row] = True
+    return Rollouts(completion_ids, mask, logprobs, lengths, reasons, new_texts, rollouts.group_size, offline)
