@@ -65,25 +65,36 @@ def test_the_report_counts_by_hand():
     assert "pass rate with the media outside (0, 1) drops the row" in curate.report_table(hard)
 
 
-def test_rows_answered_from_their_wording_leave_the_set(tmp_path, clips, tiny, monkeypatch):
-    """Canned answers: right on every answer for the 'direction' rows, on half of them
-    for 'order', never otherwise; with the threshold at 0.75 exactly the direction rows
-    leave, and no prompt carries a video."""
-    asked = []
+def canned(check):
+    """A stand-in for ``answer_rows`` that runs ``check(sample)`` on each prompt and
+    answers right every time on the 'direction' rows, half the time on 'order', never
+    otherwise (4 answers a row at most)."""
 
-    def canned(model, processor, dataset, sampling, samples, indices, *rest, **kw):
+    def answer_rows(model, processor, dataset, sampling, samples, indices, *rest, **kw):
         out = []
         for i in indices:
             sample = dataset[i]
-            assert not sample.videos and "<video>" not in json.dumps(sample.messages)
-            asked.append(sample.id)
+            check(sample)
             right, wrong = str(sample.answer), "no idea"
             kind = sample.id.rsplit("-", 1)[1]
             texts = {"direction": [right] * 4, "order": [right, wrong] * 2}.get(kind, [wrong] * 4)
             out.append((sample, texts[:samples]))
         return out, []
 
-    monkeypatch.setattr(curate, "answer_rows", canned)
+    return answer_rows
+
+
+def test_rows_answered_from_their_wording_leave_the_set(tmp_path, clips, tiny, monkeypatch):
+    """Canned answers: right on every answer for the 'direction' rows, on half of them
+    for 'order', never otherwise; with the threshold at 0.75 exactly the direction rows
+    leave, and no prompt carries a video."""
+    asked = []
+
+    def without_video(sample):
+        assert not sample.videos and "<video>" not in json.dumps(sample.messages)
+        asked.append(sample.id)
+
+    monkeypatch.setattr(curate, "answer_rows", canned(without_video))
     out = tmp_path / "curated"
     args = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "4"]
     assert main([*args, "--threshold", "0.75", *SETS]) == 0
@@ -165,18 +176,10 @@ def test_difficulty_keeps_the_rows_sometimes_solved(tmp_path, clips, tiny, monke
     'order', never right otherwise; with the defaults (0, 1) only the order rows stay,
     and every prompt carries its video."""
 
-    def canned(model, processor, dataset, sampling, samples, indices, *rest, **kw):
-        out = []
-        for i in indices:
-            sample = dataset[i]
-            assert sample.videos  # asked with the media
-            right, wrong = str(sample.answer), "no idea"
-            kind = sample.id.rsplit("-", 1)[1]
-            texts = {"direction": [right] * 4, "order": [right, wrong] * 2}.get(kind, [wrong] * 4)
-            out.append((sample, texts[:samples]))
-        return out, []
+    def with_video(sample):
+        assert sample.videos  # asked with the media
 
-    monkeypatch.setattr(curate, "answer_rows", canned)
+    monkeypatch.setattr(curate, "answer_rows", canned(with_video))
     out = tmp_path / "curated"
     args = ["curate", "difficulty", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "4", *SETS]
     assert main(args) == 0
