@@ -339,6 +339,13 @@ CURATE_ARGS = (
     arg("--out", required=True, metavar="DIR", help="where the kept and dropped rows and the report go"),
     arg("--samples", type=int, default=8, metavar="K", help="answers sampled per question (default: 8)"),
     arg("--max-new-tokens", type=int, default=64, help="longest answer (default: 64)"),
+    arg(
+        "--batch-prompts",
+        type=int,
+        default=8,
+        metavar="B",
+        help="prompts answered together (default: 8; 1 or 2 for a 7B model on long videos)",
+    ),
     arg("--config", metavar="FILE", help="a config whose media, data, rewards and rollout.temperature apply"),
     overrides("--set rollout.temperature=0.7"),
 )
@@ -397,6 +404,8 @@ def _curate(args: argparse.Namespace, rule) -> int:
 
     if args.samples < 1:
         raise OmniRLError("curate: --samples must be >= 1")
+    if args.batch_prompts < 1:
+        raise OmniRLError("curate: --batch-prompts must be >= 1")
     if not Path(args.data).is_file():
         raise OmniRLError(f"{args.data}: no such dataset file")
     cfg = load_config(args.config, args.overrides, recipe="grpo")
@@ -413,6 +422,7 @@ def _curate(args: argparse.Namespace, rule) -> int:
         samples=args.samples,
         temperature=rollout.temperature if rollout is not None else 1.0,
         max_new_tokens=args.max_new_tokens,
+        batch_prompts=args.batch_prompts,
     )
     result = curate(
         model,

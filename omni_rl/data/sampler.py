@@ -94,6 +94,7 @@ class SourceUCBSampler:
         self.counts = [0] * len(self.names)
         self.epochs = [0] * len(self.names)
         self.positions = [0] * len(self.names)
+        self._orders: dict[tuple[int, int], list[int]] = {}  # (source, epoch) -> its row order
 
     @property
     def drawn(self) -> int:
@@ -106,12 +107,19 @@ class SourceUCBSampler:
         means = [float(np.mean(r)) if r else 0.0 for r in self.recent]
         return ucb_probabilities(means, self.counts, self.drawn, self.c, self.temperature)
 
+    def _order(self, j: int) -> list[int]:
+        """Source ``j``'s rows in its current epoch's order (made once an epoch)."""
+        key = (j, self.epochs[j])
+        if key not in self._orders:
+            rows = self.rows[j]
+            if self.shuffle:
+                rows = [rows[k] for k in np.random.default_rng([self.seed, *key]).permutation(len(rows))]
+            self._orders = {k: v for k, v in self._orders.items() if k[0] != j} | {key: rows}
+        return self._orders[key]
+
     def _next_row(self, j: int) -> int:
         rows = self.rows[j]
-        order = rows
-        if self.shuffle:
-            order = [rows[k] for k in np.random.default_rng([self.seed, j, self.epochs[j]]).permutation(len(rows))]
-        row = order[self.positions[j]]
+        row = self._order(j)[self.positions[j]]
         self.counts[j] += 1
         self.positions[j] += 1
         if self.positions[j] == len(rows):

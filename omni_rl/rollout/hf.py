@@ -275,17 +275,18 @@ def select_groups(rollouts: Rollouts, prompts: list[int]) -> Rollouts:
     )
 
 
+def _widen(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """[N, L] right-padded with ``value`` to [N, width]."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+
 def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     """Rollouts of several sampling rounds as one batch (right-padded to the widest)."""
     width = max(p.completion_ids.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
     return Rollouts(
-        torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
-        torch.cat([pad(p.completion_mask, 0) for p in parts]),
-        torch.cat([pad(p.logprobs, 0.0) for p in parts]),
+        torch.cat([_widen(p.completion_ids, width, pad_id) for p in parts]),
+        torch.cat([_widen(p.completion_mask, width, 0) for p in parts]),
+        torch.cat([_widen(p.logprobs, width, 0.0) for p in parts]),
         torch.cat([p.lengths for p in parts]),
         [r for p in parts for r in p.finish_reasons],
         [t for p in parts for t in p.texts],
@@ -303,12 +304,9 @@ def replace_completions(
     log-probs are unknown, left 0 here, and taken as the trainer's own."""
     cut = {row: tokens[:limit] for row, tokens in ids.items()}
     width = max([rollouts.completion_ids.shape[1], *map(len, cut.values())])
-
-    def pad(t: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-    completion_ids, mask = pad(rollouts.completion_ids, pad_id), pad(rollouts.completion_mask, 0)
-    logprobs, lengths = pad(rollouts.logprobs, 0.0), rollouts.lengths.clone()
+    completion_ids = _widen(rollouts.completion_ids, width, pad_id)
+    mask, logprobs = _widen(rollouts.completion_mask, width, 0), _widen(rollouts.logprobs, width, 0.0)
+    lengths = rollouts.lengths.clone()
     reasons, new_texts, offline = list(rollouts.finish_reasons), list(rollouts.texts), rollouts.replaced.clone()
     for row, tokens in cut.items():
         completion_ids[row] = pad_id
