@@ -195,7 +195,7 @@ def one_process_run(tmp_path_factory, point_mass_demos):
         root,
         env={"num_envs": 8, "max_episode_steps": 12},
         policy={"width": 32},
-        ppo={"epochs": 2, "minibatches": 3},  # 48 chunks: mini-batches of 16, split unevenly
+        ppo={"epochs": 2, "minibatches": 3, "bc_coef": 0.5},  # 48 chunks: mini-batches of 16, split unevenly
         trainer={"steps": 3, "eval_every": 2, "eval_episodes": 10},  # 10 seeds: rounds of 8 and 2
         bc={"demos": str(point_mass_demos), "steps": 10, "batch_size": 15},  # 15 rows: 8 and 7
     )
@@ -315,6 +315,58 @@ def test_target_kl_stops_an_iterations_passes_and_the_schedule_still_ends(tmp_pa
     assert stopped[-1]["optim/lr"] == pytest.approx(0.25 * 3e-4) == plain[-1]["optim/lr"]
     assert stopped[1]["loss/approx_kl"] < plain[1]["loss/approx_kl"]
     assert loose == plain
+
+
+def test_the_bc_anchor_adds_its_weight_times_the_cloning_gradient(tmp_path, point_mass_demos, monkeypatch):
+    """``ppo.bc_coef``: each actor step's gradient is PPO's plus bc_coef times the
+    gradient of the cloning loss on a global batch of demonstrations drawn from the
+    stream after the mini-batch order, and the step logs that loss as ``loss/bc``."""
+    bc = {"demos": str(point_mass_demos), "batch_size": 12}
+    cfg = {"ppo": {"minibatches": 1, "actor_max_grad_norm": 0.0, "critic_max_grad_norm": 0.0}, "bc": bc}
+    plain, anchored = _config(tmp_path, **cfg), _config(tmp_path, **{**cfg, "ppo": {**cfg["ppo"], "bc_coef": 2.5}})
+    run = flow_ppo.Run(tmp_path, flow_ppo.distributed.ranks(), torch.device("cpu"), None)
+    env = PointMassEnv(plain.env.num_envs, max_episode_steps=plain.env.max_episode_steps)
+    envs = flow_ppo.EnvShare.whole(env.num_envs)
+    stream = flow_ppo.shared_stream(plain)
+    policy = flow_ppo.build_policy(plain, env.obs_dim, env.action_dim, stream)
+    rollout, _ = flow_ppo.collect(policy, env, envs, env.reset(seed=list(range(env.num_envs))), 12, stream, run.device)
+    adv, returns = flow_ppo.advantages(rollout, plain)
+    demos = flow_ppo.load_demos(plain, policy.horizon, run.device)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    def gradient_and_metrics(cfg, state):
+        policy.load_state_dict(start)
+        engine = flow_ppo.make_engine(policy, cfg, run)
+        flow_ppo.use_ppo_optimizer(engine, cfg)
+        seen = []
+        step = engine.step
+        monkeypatch.setattr(engine, "step", lambda: seen.append([p.grad.clone() for p in engine.params]) or step())
+        stream.set_state(state)
+        metrics = flow_ppo.update(engine, rollout, adv, returns, cfg, envs, stream, True, demos)
+        return seen[0], metrics
+
+    state = stream.get_state()
+    ppo_grad, plain_metrics = gradient_and_metrics(plain, state)
+    both_grad, metrics = gradient_and_metrics(anchored, state)
+    # by hand: the same draws after the mini-batch order, the cloning loss's own gradient
+    policy.load_state_dict(start)
+    engine = flow_ppo.make_engine(policy, plain, run)
+    flow_ppo.use_ppo_optimizer(engine, plain)
+    stream.set_state(state)
+    torch.randperm(int(rollout.valid.sum()), generator=stream)  # the epoch's mini-batch order
+    loss = flow_ppo.cloning_loss(engine, demos, 12, stream)
+    loss.backward()
+    bc_grad = [p.grad if p.grad is not None else torch.zeros_like(p) for p in engine.params]
+    assert any(g.abs().sum() > 0 for g in bc_grad)
+    for both, ppo, cloning in zip(both_grad, ppo_grad, bc_grad, strict=True):
+        torch.testing.assert_close(both, ppo + 2.5 * cloning, rtol=1e-5, atol=1e-7)
+    assert metrics["loss/bc"] == pytest.approx(loss.item(), rel=1e-6) and "loss/bc" not in plain_metrics
+    assert metrics["loss/policy"] == pytest.approx(plain_metrics["loss/policy"], rel=1e-6)
+
+
+def test_the_bc_anchor_needs_demonstrations(tmp_path):
+    with pytest.raises(ConfigError, match=r"ppo\.bc_coef: needs bc\.demos"):
+        _config(tmp_path, ppo={"bc_coef": 0.1})
 
 
 def test_the_flow_sde_noise_level_anneals_over_the_run(tmp_path):

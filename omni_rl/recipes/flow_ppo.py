@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import closing
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -84,6 +85,7 @@ METRICS = {
     "loss/ratio_mean": "mean importance ratio pi / pi_old",
     "loss/ratio_max": "largest importance ratio over every process's chunks",
     "loss/approx_kl": "mean (r - 1) - log r, an estimate of KL(pi_old || pi)",
+    "loss/bc": "the cloning loss on the demonstrations beside PPO's (``ppo.bc_coef``), mean over the step's updates",
     "actor/entropy": "mean entropy of the stochastic denoising steps' Gaussians (executed actions)",
     "optim/grad_norm": "gradient norm before clipping, over actor and critic",
     "optim/actor_grad_norm": "the actor's gradient norm before its clip (``ppo.actor_max_grad_norm``)",
@@ -214,32 +216,51 @@ def make_engine(policy: FlowPolicy, cfg: FlowPPOConfig, run: Run) -> TrainingEng
 # ------------------------------------------------------------------------------ WARM START
 
 
+@dataclass
+class Demos:
+    """Demonstration chunks on the device (``demo_chunks``): observations [N, obs],
+    action chunks [N, H, D] and the mask of their real steps [N, H]."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    mask: torch.Tensor
+
+
+def load_demos(cfg: FlowPPOConfig, horizon: int, device: torch.device) -> Demos:
+    """``bc.demos`` (its first ``bc.episodes``) cut into chunks of ``horizon``, on ``device``."""
+    return Demos(*(x.to(device) for x in demo_chunks(cfg.bc.demos, horizon, cfg.bc.episodes)))
+
+
+def cloning_loss(engine: TrainingEngine, demos: Demos, size: int, stream: torch.Generator) -> torch.Tensor:
+    """The flow-matching loss of one global batch of ``size`` demo chunks (rows, times
+    and noise drawn from ``stream`` alike on every process): this process's slice,
+    divided by the global batch's count of real action elements."""
+    ranks, device = engine.ranks, engine.device
+    mine = torch.tensor_split(torch.arange(size), ranks.world_size)[ranks.rank]
+    batch = torch.randint(demos.obs.shape[0], (size,), generator=stream)
+    t = torch.rand(size, generator=stream)
+    eps = torch.randn((size, *demos.actions.shape[1:]), generator=stream)
+    count = float(demos.mask[batch].sum()) * demos.actions.shape[-1]
+    rows = batch[mine].to(device)
+    args = demos.obs[rows], demos.actions[rows], demos.mask[rows], t[mine].to(device), eps[mine].to(device)
+    return engine.model(*args, count, bc=True)
+
+
 def behaviour_clone(
-    engine: TrainingEngine, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog
+    engine: TrainingEngine, demos: Demos, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog
 ) -> float:
     """Fit the velocity field to the demonstrations; returns the last logged loss.
-    Each step draws a global batch (rows, times, noise) from ``stream`` and this
-    process takes its slice; the loss averages over the global batch."""
-    policy, device = engine.module, run.device
-    obs, actions, mask = (x.to(device) for x in demo_chunks(cfg.bc.demos, policy.horizon, cfg.bc.episodes))
-    size = min(cfg.bc.batch_size, obs.shape[0])
-    mine = torch.tensor_split(torch.arange(size), run.ranks.world_size)[run.ranks.rank]
+    Each step's loss averages over a global batch (``cloning_loss``)."""
+    size = min(cfg.bc.batch_size, demos.obs.shape[0])
     running = 0.0
     for step in tqdm(range(1, cfg.bc.steps + 1), desc="bc", unit="step", disable=not run.ranks.is_main):
-        batch = torch.randint(obs.shape[0], (size,), generator=stream)
-        t = torch.rand(size, generator=stream)
-        eps = torch.randn((size, *actions.shape[1:]), generator=stream)
-        count = float(mask[batch].sum()) * actions.shape[-1]  # real action elements of the global batch
-        rows = batch[mine].to(device)
-        loss = engine.model(
-            obs[rows], actions[rows], mask[rows], t[mine].to(device), eps[mine].to(device), count, bc=True
-        )
+        loss = cloning_loss(engine, demos, size, stream)
         engine.backward(loss)
         engine.step()
         (total,) = distributed.all_sum([loss.item()])
         running = 0.9 * running + 0.1 * total if step > 1 else total
         if step % 50 == 0 or step == cfg.bc.steps:
-            log.log({"step": step, "bc/loss": running, "bc/chunks": obs.shape[0]})
+            log.log({"step": step, "bc/loss": running, "bc/chunks": demos.obs.shape[0]})
     return running
 
 
@@ -449,11 +470,16 @@ def update(
     envs: EnvShare,
     stream: torch.Generator,
     train_actor: bool = True,
+    demos: Demos | None = None,
 ) -> dict:
     """PPO epochs over global mini-batches of valid chunks, one optimizer step each;
     returns the diagnostics (``METRICS`` keys) averaged over mini-batches.
-    ``train_actor`` False: the critic alone learns (warm-up)."""
+    ``train_actor`` False: the critic alone learns (warm-up). With ``ppo.bc_coef``,
+    each actor step adds that times the cloning loss on a global batch of ``demos``."""
     p = cfg.ppo
+    anchored = train_actor and p.bc_coef > 0
+    anchor_size = min(cfg.bc.batch_size, demos.obs.shape[0]) if anchored else 0
+    anchor_total = 0.0
     clip = None if p.critic_free else value_clip(returns[rollout.valid], cfg)
     flat = {
         "obs": rollout.obs.flatten(0, 1),
@@ -477,6 +503,10 @@ def update(
                 loss, record = ppo_loss(engine, b, (b["adv"] - mean) / std, cfg, train_actor, clip)
                 engine.backward(loss * ((1.0 if real else 0.0) / size))
                 records.append(record if real else {"n": 0})
+            if anchored:
+                anchor = cloning_loss(engine, demos, anchor_size, stream)
+                engine.backward(p.bc_coef * anchor)
+                anchor_total += anchor.item()
             result = engine.step()
             grad_norms.append(result.grad_norm)
             group_norms.append(result.group_norms)
@@ -485,6 +515,8 @@ def update(
             break
     diagnostics = mean_diagnostics(records, grad_norms)
     diagnostics["update/epochs"] = epoch + 1
+    if anchored:  # each process's slices add up to each step's global-batch loss
+        diagnostics["loss/bc"] = distributed.all_sum([anchor_total])[0] / len(grad_norms)
     for name, norms in zip(("actor_grad_norm", "critic_grad_norm"), zip(*group_norms, strict=True), strict=True):
         diagnostics[f"optim/{name}"] = sum(norms) / len(norms)
     if clip is not None:
@@ -547,6 +579,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
         progress = Progress(shared_stream(cfg))
         policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream, env).to(run.device)
         cloning = run.resume_from is None and bool(cfg.bc.demos)
+        demos = load_demos(cfg, policy.horizon, run.device) if cloning or p.bc_coef else None
         if isinstance(policy, Pi0FlowPolicy):  # what trains: the phase's parameters
             policy.backbone.train_vlm(vlm_trains(cfg, "bc" if cloning else "ppo"))
         engine = make_engine(policy, cfg, run)
@@ -557,7 +590,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
                 progress.results["trainable_parameters_bc"] = sum(p.numel() for p in engine.params)
                 check_demo_seeds(cfg.bc.demos, t.eval_seed, t.eval_episodes)
                 bc_log = MetricsLog(run.out / "bc", None, enabled=run.ranks.is_main)
-                progress.results["bc_loss"] = behaviour_clone(engine, cfg, run, progress.stream, bc_log)
+                progress.results["bc_loss"] = behaviour_clone(engine, demos, cfg, run, progress.stream, bc_log)
                 bc_log.close()
             start_eval = evaluate_policy(engine, env, envs, cfg)
             progress.results.update(interval_summary("success_bc", start_eval), backend=env.backend)
@@ -593,7 +626,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
             # ADVANTAGE + UPDATE
             with timer("update"):
                 adv, returns = advantages(rollout, cfg)
-                metrics = update(engine, rollout, adv, returns, cfg, envs, progress.stream, train_actor)
+                metrics = update(engine, rollout, adv, returns, cfg, envs, progress.stream, train_actor, demos)
             # LOG
             row = step_row(step + 1, episodes, metrics, timer, env_steps, progress, cfg, engine)
             row["update/actor_updated"] = float(train_actor)

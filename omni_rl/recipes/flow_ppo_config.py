@@ -95,6 +95,11 @@ class PPOConfig(ModeDefaults):
     """Stop an iteration's passes after the first whose mean approximate KL
     (``loss/approx_kl`` over every process's mini-batches) exceeds this; the steps not
     taken still move the learning-rate schedule. None: every pass runs."""
+    bc_coef: float = 0.0
+    """Weight of behaviour cloning's loss beside PPO's at every actor step, on a global
+    batch of ``bc.batch_size`` demonstration chunks (``bc.demos``, its first
+    ``bc.episodes``): an anchor that holds the policy near the demonstrated actions
+    while RL moves it. 0: off."""
     critic_free: bool = False
     """GRPO variant: groups of episodes from one initial state, advantage = normalized
     return; the value head is neither read nor trained, so the critic's fields are refused."""
@@ -126,6 +131,7 @@ class PPOConfig(ModeDefaults):
         )
         require(self.epochs >= 1 and self.minibatches >= 1, "epochs", "epochs and minibatches must be >= 1")
         require(self.target_kl is None or self.target_kl > 0, "target_kl", "must be > 0 (or null: off)")
+        require(self.bc_coef >= 0, "bc_coef", "must be >= 0 (0: off)")
         require(self.setting("group_size") >= 2, "group_size", "must be >= 2")
 
 
@@ -223,6 +229,8 @@ class FlowPPOConfig:
 
     def __post_init__(self):
         check_policy_and_ppo(self.policy, self.ppo)
+        if self.ppo.bc_coef and not self.bc.demos:
+            raise FieldError("ppo.bc_coef", "needs bc.demos, the demonstrations it holds the policy near")
         if self.ppo.critic_free and self.env.num_envs % self.ppo.setting("group_size"):
             raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")
         if self.policy.type == "pi0" and not self.policy.path:
