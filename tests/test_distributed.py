@@ -12,6 +12,7 @@ uninterrupted run's metrics.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -145,6 +146,22 @@ def test_grpo_on_two_processes_equals_one(tmp_path, vowels, grpo_single, strateg
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
         assert a["response/length_mean"] == b["response/length_mean"]
+
+
+def test_grpo_with_gradient_checkpointing_on_two_processes_equals_one(tmp_path, vowels):
+    """FSDP2 frees each layer's gathered weights after forward and backward; under
+    checkpointing a layer's backward replays its prompt and completion passes, and the
+    prompt's keys and values gather the layer again for the prompt pass's backward: the
+    result is still one process's (with checkpointing too)."""
+    checkpointing = {"model": {"tiny_family": "qwen2_5_vl", "gradient_checkpointing": True}}
+    launch(grpo_config(tmp_path / "one", vowels, "single", **checkpointing), 1)
+    launch(grpo_config(tmp_path / "two", vowels, "fsdp", **checkpointing), 2)
+    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    start = initial_weights(one)
+    assert max(float((weights(one, 3)[k] - start[k]).abs().max()) for k in start) > 1e-3
+    assert_same_weights(weights(one, 3), weights(two, 3))
+    for a, b in zip(metrics(one), metrics(two), strict=True):
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
 
 
 def test_sft_on_two_processes_equals_one(tmp_path, shapes):
@@ -301,6 +318,69 @@ def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_pat
     assert got[1]["empty"] == [["filler", False], ["filler", False]]
     assert (got[0]["refused"], got[1]["refused"]) == (False, True)
     assert got[0]["all_ranks"] == got[1]["all_ranks"] == [False, True]
+
+
+GATHERED_ON_RANKS = """
+import json, os, sys
+from pathlib import Path
+import torch
+from torch.distributed.tensor import DTensor
+from omni_rl.engine import distributed
+from omni_rl.engine.config import AdamWConfig
+from omni_rl.engine.engine import TrainingEngine, shard_units
+from omni_rl.models import build_tiny, load
+from omni_rl.models.forward import group_forward
+from omni_rl.models.inputs import encode_prompts
+
+out = Path(sys.argv[1])
+# before joining the group: save_pretrained writes on rank 0 only inside one
+tiny = build_tiny("qwen2_5_vl", out / f"tiny{os.environ['RANK']}", seed=0)
+ranks = distributed.init("cpu")
+model, processor = load(tiny)
+model.train()
+if sys.argv[2] == "checkpointing":
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+layers = [u for u in shard_units(model) if any(hasattr(m, "layer_idx") for m in u.modules())]  # FSDP2 renames them
+engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32", strategy="fsdp")
+
+def gathered():
+    # FSDP2 registers a block's gathered weights as its parameters while it holds them, its shards (DTensors) else
+    return sum(not isinstance(next(u.parameters()), DTensor) for u in layers)
+
+texts = [["Hi.", "Which fruit is red? A. apple B. lime"], ["Name a colour you like, in one word.", "Stop."]]
+conversations = [[{"role": "user", "content": [{"type": "text", "text": t}]}] for t in texts[ranks.rank]]
+inputs = encode_prompts(processor, conversations)
+ids = torch.randint(0, 256, (4, 5), generator=torch.Generator().manual_seed(ranks.rank))
+mask = torch.ones_like(ids)
+logp = group_forward(engine.model, inputs, ids, mask, 2).logp
+after_forward = gathered()
+engine.backward((logp * mask).sum() / 40)
+after_backward = gathered()
+grad_norm = engine.step().grad_norm
+result = {"layers": len(layers), "after_forward": after_forward, "after_backward": after_backward}
+result["grad_norm"] = grad_norm
+Path(out, f"rank{ranks.rank}.json").write_text(json.dumps(result))
+distributed.shutdown()
+"""
+
+
+@pytest.mark.parametrize("checkpointing", ["plain", "checkpointing"])
+def test_decoder_layers_hold_no_gathered_weights_after_forward_or_backward(tmp_path, checkpointing):
+    """Under FSDP2 a trainable decoder layer frees its gathered weights after the
+    shared-prefix forward (prompt pass, then completions) and after its backward, which
+    reaches the prompt pass through the stored keys and values and gathers the layer
+    again for it; with and without gradient checkpointing."""
+    script = tmp_path / "gathered.py"
+    script.write_text(GATHERED_ON_RANKS)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run(
+        [*command, str(script), str(tmp_path), checkpointing], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["layers"] >= 2 and (got["after_forward"], got["after_backward"]) == (0, 0), got
+        assert math.isfinite(got["grad_norm"]) and got["grad_norm"] > 0, got
 
 
 def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):

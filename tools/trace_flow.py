@@ -308,7 +308,8 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
         demos = mock.patch.object(flow_ppo, "demo_chunks", lambda *a: fake_demos(setup, demo_chunks, values))
         with recipe_code(tracked("bc")), demos:
             phases.enter("bc")
-            flow_ppo.behaviour_clone(engine, one_step, run, stream, SimpleNamespace(log=lambda row: None))
+            on_device = flow_ppo.load_demos(one_step, policy.horizon, run.device)
+            flow_ppo.behaviour_clone(engine, on_device, one_step, run, stream, SimpleNamespace(log=lambda row: None))
         with fake_mode:
             engine.reshard()
     policy.backbone.train_vlm(flow_ppo.vlm_trains(cfg, "ppo"))

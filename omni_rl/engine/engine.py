@@ -50,6 +50,7 @@ from torch import nn
 from omni_rl.engine import distributed, encoders
 from omni_rl.engine.config import OptimizerConfig, TrainerConfig
 from omni_rl.errors import OmniRLError
+from omni_rl.models.shared_prefix import gather_on_prompt_gradient
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class TrainingEngine:
         ``max_grad_norm`` replaces the clip when given."""
         if max_grad_norm is not None:
             self.max_grad_norm = max_grad_norm
-        # a forward since the last step (an evaluation) leaves FSDP2's blocks holding their
+        # a forward since the last step (an evaluation) leaves FSDP2's root holding its
         # gathered weights as the registered parameters: the optimizer must hold the shards
         self.reshard()
         module = self.module
@@ -257,12 +258,13 @@ class TrainingEngine:
     def _fully_shard(self, model: nn.Module, trainable: bool = True) -> None:
         """FSDP2 on every block, then the root; a model that arrives on the meta device
         (built empty: a node holds one copy of the weights, not one per rank) is filled
-        from rank 0's read once sharded. A trainable model keeps each block's
-        gathered weights from its first forward until ``step``: the shared-prefix
-        forward runs a block twice (prompt, then completions) and its backward reaches
-        the prompt's pass through the KV cache, which FSDP2's backward hooks (on block
-        outputs) never see; gradients are still reduce-scattered, and the master weights
-        and optimizer state stay sharded. Frozen models reshard after every forward."""
+        from rank 0's read once sharded. Each block frees its gathered weights after
+        every forward and backward; the trainable root keeps its own (embeddings, head)
+        from its forward until its backward, as FSDP2 does by default. The shared-prefix
+        forward runs a decoder layer twice (prompt, then completions), and the
+        completions' gradient reaches the prompt pass through its stored keys and values,
+        past FSDP2's backward hooks (which sit on block outputs): those tensors gather
+        their layer's weights again themselves (``shared_prefix.gather_on_prompt_gradient``)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy()
@@ -271,10 +273,14 @@ class TrainingEngine:
         # innermost first: some models name a whole encoder beside its blocks (Omni's
         # audio and vision encoders, Qwen2-Audio's encoder layer beside its attention),
         # and FSDP2 shards an outer unit only around inner ones already sharded
-        for unit in [*reversed(shard_units(model)), model]:
-            fully_shard(unit, mp_policy=policy, reshard_after_forward=not trainable)
-            if trainable:
-                unit.set_reshard_after_backward(False)
+        units = [*reversed(shard_units(model)), model]
+        for unit in units:
+            fully_shard(unit, mp_policy=policy, reshard_after_forward=not (trainable and unit is model))
+        if trainable:
+            for unit in units[:-1]:
+                for module in unit.modules():
+                    if hasattr(module, "layer_idx"):  # a decoder layer's attention (or the layer)
+                        gather_on_prompt_gradient(module, unit.unshard)
         if any(p.device.type == "meta" for p in model.parameters()):
             # built empty (omni_rl.models.load(empty=True)): rank 0 reads, every rank keeps its shards
             from omni_rl.models import fill_sharded
@@ -364,9 +370,10 @@ class TrainingEngine:
 
     def reshard(self) -> None:
         """Free the gathered weights that forwards left resident: a trainable model's
-        blocks keep theirs until ``step`` (see ``_fully_shard``), so a forward outside
-        a training step (held-out evaluation) must call this, or the full weights stay
-        through the next rollout. A no-op in one process and under DDP."""
+        root keeps its own from a forward until that forward's backward (see
+        ``_fully_shard``), so a forward outside a training step (held-out evaluation)
+        must call this, or the root's weights stay through the next rollout. A no-op in
+        one process and under DDP."""
         if self.strategy != "fsdp":
             return
         from torch.distributed.fsdp import FSDPModule

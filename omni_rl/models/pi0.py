@@ -27,6 +27,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models.config import LoRAConfig
 from omni_rl.models.flow_policy import FlowPolicy, mlp
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
+from omni_rl.models.shared_prefix import gather_before_backward
 
 
 def tiny_pi0_config(
@@ -206,6 +207,11 @@ class Pi0Backbone(nn.Module):
             token_type_ids=torch.zeros_like(input_ids),
             use_cache=True,
         ).cache
+        # the expert reads these keys and values past the VLM layers' outputs: under
+        # FSDP2 their gradient gathers the layer that made them again
+        attention = {m.layer_idx: m for m in core.vlm.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+        for index, layer in enumerate(cache.layers):
+            gather_before_backward(attention[index], layer.keys, layer.values)
         return Pi0Prefix(cache, attention_mask, cache.get_seq_length())
 
     def velocity(

@@ -23,11 +23,20 @@ replays a layer's forward with the same arguments during backward, replays the s
 role: a replayed prompt layer does not overwrite what it recorded, and a replayed
 completion layer reads the same prompt keys. Gradients from every completion reach the
 prompt's keys and values, and through them the media encoders, once.
+
+A layer sharded by FSDP2 gathers its weights again for a backward when the gradient
+reaches the outputs of one of its forwards; the prompt's keys and values are not
+outputs of its layer, and the last layer's prompt output gets no gradient at all. So a
+layer whose weights are freed after forward and backward registers its gather here
+(``gather_on_prompt_gradient``), and the recorded keys and values call it when their
+gradient arrives (``gather_before_backward``; pi0's prefix cache does the same), before
+the prompt pass's projections run backward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -127,9 +136,41 @@ def shared_prefix_attention(module, query, key, value, attention_mask, shared_pr
         ), None
     if isinstance(shared_prefix, RecordPrefix):
         store = shared_prefix.store
-        store.layers.setdefault(module.layer_idx, (key, value))
+        if module.layer_idx not in store.layers:  # a replay under checkpointing keeps the first
+            store.layers[module.layer_idx] = (key, value)
+            gather_before_backward(module, key, value)
         return prompt_attention(module, query, key, value, store.starts, **kwargs), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+# attention module -> the gather of the sharded layer holding it (``gather_on_prompt_gradient``)
+_GATHERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakMethod] = weakref.WeakKeyDictionary()
+
+
+def gather_on_prompt_gradient(attention: torch.nn.Module, gather: Callable[[], object]) -> None:
+    """Call ``gather`` (a bound method: the FSDP2 layer's ``unshard``) when the gradient
+    of the prompt keys and values ``attention`` records arrives in backward. Held
+    weakly: a dropped model leaves nothing behind."""
+    _GATHERS[attention] = weakref.WeakMethod(gather)
+
+
+def gather_before_backward(module: torch.nn.Module, *recorded: torch.Tensor) -> None:
+    """Hooks on keys and values ``module`` (an attention layer) produced for later
+    forwards to read, which run its layer's gather (if one is registered) when their
+    gradient arrives: a tensor's hook runs just before the node that produced it runs
+    backward."""
+    method = _GATHERS.get(module)
+    if method is None:
+        return
+
+    def gather(grad: torch.Tensor) -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+
+    for tensor in recorded:
+        if tensor.requires_grad:
+            tensor.register_hook(gather)
 
 
 def prompt_attention(module, query, key, value, starts: list[int], **kwargs) -> torch.Tensor:
