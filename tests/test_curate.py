@@ -6,6 +6,10 @@ rows always or never solved dropped."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +127,30 @@ def test_an_interrupted_run_asks_only_the_rest(tmp_path, clips, tiny):
     again = [json.loads(line) for line in (out / curate.PASSES).read_text().splitlines()[5:]]
     assert sorted(r["id"] for r in again) == sorted(json.loads(line)["id"] for line in lines[5:])
     assert json.loads((out / "report.json").read_text())["overall"]["rows"] == first["overall"]["rows"] == 12
+
+
+@pytest.mark.slow
+def test_two_processes_curate_what_one_process_curates(tmp_path, clips, tiny):
+    """Under torchrun each rank asks its share of every chunk and rank 0 writes what all
+    ranks answered: greedy answers, one prompt at a time (no padding that depends on the
+    share), give the progress, split and report of one process, every row asked once."""
+    args = ["curate", "text-only", str(clips), "--model", str(tiny), "--samples", "1", "--batch-prompts", "1", *SETS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1"}
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node=2"]
+    for name, launcher in (("one", [sys.executable]), ("two", torchrun)):
+        command = [*launcher, "-m", "omni_rl", *args, "--out", str(tmp_path / name)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def passes(name):
+        lines = (tmp_path / name / curate.PASSES).read_text().splitlines()
+        return {record["id"]: record for record in map(json.loads, lines)}, len(lines)
+
+    (one, asked_one), (two, asked_two) = passes("one"), passes("two")
+    assert asked_one == asked_two == len(read_rows(clips)[0]) == len(one)
+    assert two == one
+    for name in ("kept.jsonl", "dropped.jsonl", "report.json"):
+        assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text(), name
 
 
 def test_bad_arguments_are_refused(tmp_path, clips, tiny, capsys):
