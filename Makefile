@@ -41,7 +41,7 @@ demo: setup
 demo-audio: setup
 	$(BIN)/omni-rl quickstart --audio
 
-# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 40 minutes).
+# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 25 minutes).
 demo-sim: setup
 	$(BIN)/omni-rl quickstart --sim
 
