@@ -600,6 +600,8 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
             # the shards must be the registered parameters when the VLM is switched
             engine.reshard()
             policy.backbone.train_vlm(vlm_trains(cfg, "ppo"))
+        if not p.bc_coef:  # the demos were behaviour cloning's alone: off the device before the rollouts
+            demos = None
         use_ppo_optimizer(engine, cfg)
         if run.resume_from is None:
             progress.results["trainable_parameters_ppo"] = sum(p.numel() for p in engine.params)
