@@ -57,14 +57,17 @@ def test_group_forward_equals_full_forward(family, tiny_checkpoint, family_promp
     assert shared.entropy.shape == ids.shape and (shared.entropy >= 0).all()
 
 
-@pytest.mark.parametrize("setting", ["eval", "train", "train+checkpointing"])
+@pytest.mark.parametrize(
+    "setting", ["eval", "train", "train+checkpointing", "train+apart", "train+checkpointing+apart"]
+)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_group_forward_gradients_equal_full_forward(family, setting, tiny_checkpoint, family_prompts):
     """The same gradient in every parameter as the full B*G forward, for every family,
     in eval and train mode, and with non-reentrant gradient checkpointing (which keeps
-    the shared prompt: it runs once per group either way)."""
+    the shared prompt: it runs once per group either way); ``apart``: the prompt's
+    backward run after the completions' (``group_forward(..., apart=True)``)."""
     model, processor = load(tiny_checkpoint(family))
-    if setting.endswith("checkpointing"):
+    if "checkpointing" in setting:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     model.train(setting != "eval")
     inputs = family_prompts(family, processor)
@@ -76,13 +79,61 @@ def test_group_forward_gradients_equal_full_forward(family, setting, tiny_checkp
         (fn() * mask).sum().backward()
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
-    shared = grads(lambda: group_forward(model, inputs, ids, mask, n, entropy="grad").logp)
+    def shared_grads():
+        model.zero_grad(set_to_none=True)
+        out = group_forward(model, inputs, ids, mask, n, entropy="grad", apart="apart" in setting)
+        assert (out.prompt is not None) == ("apart" in setting)
+        (out.logp * mask).sum().backward()
+        if out.prompt is not None:  # the prompt's backward, after the completions'
+            out.prompt.run()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    shared = shared_grads()
     reference = grads(lambda: full_logp(model, inputs, ids, mask, n))
     assert shared.keys() == reference.keys()
     encoders = [name for name in shared if "visual" in name or "audio" in name]
     assert encoders and all(shared[name].abs().sum() > 0 for name in encoders)  # media encoders reached
     for name in shared:
         torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_apart_the_completions_weight_gradients_are_complete_before_the_prompts_backward(
+    checkpointing, tiny_checkpoint, family_prompts, monkeypatch
+):
+    """Why ``apart`` exists: in one backward call the completions' weight gradients wait
+    for the prompt's (the first decoder layer has no gradient when the prompt's backward
+    begins); apart, the completions' call leaves every decoder weight with its gradient
+    and the media encoder none, and the prompt's call adds the rest."""
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train()
+    inputs = family_prompts("qwen2_5_vl", processor)
+    ids, mask = completions(4, 5, seed=1)
+    first = [p for name, p in model.named_parameters() if "language_model.layers.0." in name]
+    decoder = [p for name, p in model.named_parameters() if "language_model.layers." in name]
+    encoder = [p for name, p in model.named_parameters() if "visual" in name]
+    assert first and encoder
+    real_prefill, seen = forward.prefill, []
+
+    def watched_prefill(model, inputs):  # notes what the first layer holds when the prompt's backward begins
+        prefix = real_prefill(model, inputs)
+        last_keys = prefix.store.layers[max(prefix.store.layers)][0]
+        last_keys.register_hook(lambda grad: seen.append([p.grad is not None for p in first]))
+        return prefix
+
+    monkeypatch.setattr(forward, "prefill", watched_prefill)
+    (group_forward(model, inputs, ids, mask, 2).logp * mask).sum().backward()
+    assert seen == [[False] * len(first)]  # one call: held until the prompt's part
+    model.zero_grad(set_to_none=True)
+    seen.clear()
+    out = group_forward(model, inputs, ids, mask, 2, apart=True)
+    (out.logp * mask).sum().backward()
+    assert not seen and all(p.grad is not None for p in decoder) and all(p.grad is None for p in encoder)
+    out.prompt.run()
+    assert seen == [[True] * len(first)] and all(p.grad is not None for p in encoder)
+    assert not out.prompt.pairs  # the prompt's backward ran once and let its tensors go
 
 
 @pytest.mark.parametrize(

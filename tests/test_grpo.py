@@ -453,7 +453,7 @@ class _LogProbs(torch.nn.Module):
 def _fake_forwards(monkeypatch, ref: torch.Tensor, entropy: torch.Tensor):
     from omni_rl.models.forward import GroupOutput
 
-    def logprobs(model, batch, chunk, ids, mask, pad_id, cfg, entropy_mode="off", kept=None):
+    def logprobs(model, batch, chunk, ids, mask, pad_id, cfg, entropy_mode="off", kept=None, apart=False):
         rows = grpo._rows(chunk, cfg.rollout.n)
         width = grpo._width(mask, rows)
         measured = None if entropy_mode == "off" else entropy[rows, :width]

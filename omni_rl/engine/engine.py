@@ -50,7 +50,7 @@ from torch import nn
 from omni_rl.engine import distributed, encoders
 from omni_rl.engine.config import OptimizerConfig, TrainerConfig
 from omni_rl.errors import OmniRLError
-from omni_rl.models.shared_prefix import gather_on_prompt_gradient
+from omni_rl.models.shared_prefix import PromptBackward, gather_on_prompt_gradient
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,14 @@ class TrainingEngine:
         self.max_bad_steps = max_bad_steps
         self.module = model  # the model itself: generate, save_pretrained, named_parameters
         self.model = self._wrap(model)  # what training forwards call
+        self.prompt_apart = self.strategy != "ddp"
+        """Whether a shared prompt's backward runs after its completions' (``backward``'s
+        ``prompt``): DDP's reducer takes one backward call per forward."""
+        if not self.prompt_apart:
+            log.info(
+                "trainer.strategy=ddp: a shared prompt's backward runs in one call with its completions', "
+                "which holds the completions' weight gradients until the prompt's (fsdp and single run them apart)"
+            )
         self.trained_names: set[str] = set()
         self.use_optimizer(optimizer, total_steps, schedule, warmup_steps, min_lr_ratio, param_groups, max_grad_norm)
         if self.precision == "bf16-pure":
@@ -320,16 +328,23 @@ class TrainingEngine:
 
     # ---------------------------------------------------------------- stepping
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, prompt: PromptBackward | None = None) -> None:
         """Accumulate the gradients of one micro-batch's loss.
 
         The loss is this rank's share of the global mini-batch loss (already divided by
         the global count of what it averages); gradient reduction averages over ranks,
-        so the loss is scaled by the number of ranks to make that a sum.
+        so the loss is scaled by the number of ranks to make that a sum. ``prompt``: a
+        shared prompt's backward, run after the loss's (``group_forward(...,
+        apart=True)``); under FSDP2 the root's weights, freed at the end of the first
+        call, are gathered for it.
         """
         if self.strategy in ("fsdp", "ddp"):
             loss = loss * self.ranks.world_size
         loss.backward()
+        if prompt is not None:
+            if self.strategy == "fsdp":
+                self.module.unshard()
+            prompt.run()
 
     def step(self) -> StepResult:
         """Clip, check and apply the accumulated gradients, then clear them."""

@@ -30,7 +30,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from omni_rl.models.shared_prefix import PrefixStore, ReadPrefix, RecordPrefix, prompts_unmasked
+from omni_rl.models.shared_prefix import (
+    PrefixStore,
+    PromptBackward,
+    ReadPrefix,
+    RecordPrefix,
+    prompts_unmasked,
+    read_apart,
+)
 
 # Tensors whose second dimension runs over the prompt's tokens.
 TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
@@ -48,6 +55,9 @@ class GroupOutput:
     logp: torch.Tensor
     entropy: torch.Tensor | None
     log_kept: torch.Tensor | None = None
+    prompt: PromptBackward | None = None
+    """The prompt's backward, to run after the completions' (``group_forward(...,
+    apart=True)``); None where the two run in one call."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +350,7 @@ def group_forward(
     temperature: float = 1.0,
     entropy: Entropy = "off",
     kept: SamplingFilter | None = None,
+    apart: bool = False,
 ) -> GroupOutput:
     """Per-token log-probs of G completions for each of B prompts.
 
@@ -350,11 +361,18 @@ def group_forward(
         entropy: ``off``; ``metric`` (detached, for logging); ``grad`` (differentiable,
             for an entropy bonus).
         kept: also return each position's ``log_kept_mass`` under this filter.
+        apart: under autograd, the completions read the prompt's keys and values
+            through leaves, and the result's ``prompt`` runs the prompt's backward after
+            theirs (``shared_prefix.read_apart``: each layer's gradient is complete, and
+            reduced, as the completions' backward passes it, not held to the end).
     Returns:
         log-probs [B*G, L] (and entropies, kept masses) of the completion tokens.
     """
     n = group_size
     prefix = prefill(model, inputs)
+    store, prompt = prefix.store, None
+    if apart and torch.is_grad_enabled():
+        store, prompt = read_apart(store)
     last = inputs["input_ids"][:, -1:].repeat_interleave(n, dim=0)
     tail = torch.cat([last, completion_ids[:, :-1]], dim=1)
     tail_mask = torch.cat([torch.ones_like(last), completion_mask[:, :-1].to(last.dtype)], dim=1)
@@ -371,13 +389,13 @@ def group_forward(
             attention_mask=tail_mask,
             position_ids=tail_positions(prefix, tail_mask, n),
             use_cache=False,
-            shared_prefix=ReadPrefix(prefix.store),
+            shared_prefix=ReadPrefix(store),
             **extra,
         ).logits
     log_kept = out[..., -1] if kept is not None else None
     if entropy == "off":
-        return GroupOutput(out[..., 0], None, log_kept)
-    return GroupOutput(out[..., 0], out[..., 1].detach() if entropy == "metric" else out[..., 1], log_kept)
+        return GroupOutput(out[..., 0], None, log_kept, prompt)
+    return GroupOutput(out[..., 0], out[..., 1].detach() if entropy == "metric" else out[..., 1], log_kept, prompt)
 
 
 def full_forward(

@@ -229,19 +229,22 @@ def _width(mask: torch.Tensor, rows: list[int]) -> int:
     return max(1, int(mask[rows].sum(-1).max()))
 
 
-def _logprobs(model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off", kept=None):
+def _logprobs(
+    model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off", kept=None, apart=False
+):
     """Log-probs [rows, width] of the completions of the prompts in ``chunk`` through
     ``model`` (the engine's training model, or the reference), trimmed to the longest
     completion among them: each prompt and its media computed once per group, its keys
     held once, with or without gradient checkpointing. ``kept``: a ``SamplingFilter``
-    whose kept mass is returned too."""
+    whose kept mass is returned too; ``apart``: the prompt's backward returned to run
+    after the completions' (``group_forward``)."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
     width = _width(mask, rows)
     inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
     device = ids.device
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return group_forward(
-        model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy, kept
+        model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy, kept, apart
     )
 
 
@@ -507,7 +510,16 @@ def _update(
                 chunk = chunk or prompts[:1]
                 rows = _rows(chunk, n)
                 out = _logprobs(
-                    engine.model, batch, chunk, ids, mask, pad_id, cfg, entropy, None if needs_old else filt
+                    engine.model,
+                    batch,
+                    chunk,
+                    ids,
+                    mask,
+                    pad_id,
+                    cfg,
+                    entropy,
+                    None if needs_old else filt,
+                    apart=engine.prompt_apart,
                 )
                 width = out.logp.shape[1]
                 old_logp = old[m, i] if needs_old else out.logp.detach()
@@ -521,7 +533,8 @@ def _update(
                 loss, part_sums, part_means = _policy_loss(
                     out, old_logp, ref.get((m, i)), advantages[rows], loss_mask[rows, :width], denominator, cfg, tis
                 )
-                engine.backward(loss * weight)
+                engine.backward(loss * weight, out.prompt)
+                del out, loss  # the micro-batch's graph, before the next forward or the step
                 for key, value in part_sums.items():
                     sums[key] = sums.get(key, 0.0) + value * weight
                 if weight:
