@@ -185,6 +185,27 @@ def test_against_decoys_a_reader_of_the_wording_drops_exactly_the_decoys(tmp_pat
     dropped = {r.id for r in read_rows(out / "dropped.jsonl")[0]}
     decoys = {r.id for r in read_rows(data)[0] if r.fields.get("decoy")}
     assert len(decoys) == 4 and dropped == decoys
+    labelled = json.loads((out / "report.json").read_text())["labelled"]
+    assert labelled == {"decoys": 4, "dropped_decoys": 4, "dropped_others": 0, "recall": 1.0, "precision": 1.0}
+
+
+def test_drops_are_scored_against_the_decoy_labels():
+    """4 decoys, 3 of them dropped beside 2 other rows: recall 3/4, precision 3/5; a row
+    never asked is not a drop; without labels the report has no such entry."""
+    rows = [Row(f"r{i}", "q", "multiple_choice", "A", fields={"decoy": i < 4}) for i in range(8)]
+    rates = {"r0": 1.0, "r1": 1.0, "r2": 0.875, "r3": 0.5, "r4": 1.0, "r5": 0.875, "r6": 0.0}  # r7 unasked
+    done = {k: {"pass_rate": v} for k, v in rates.items()}
+    rule = curate.TextOnly(threshold=0.875)
+    assert curate.report(rows, done, rule)["labelled"] == {
+        "decoys": 4,
+        "dropped_decoys": 3,
+        "dropped_others": 2,
+        "recall": 0.75,
+        "precision": 0.6,
+    }
+    assert "recall 0.750" in curate.report_table(curate.report(rows, done, rule))
+    plain = [Row(f"r{i}", "q", "multiple_choice", "A", fields={}) for i in range(8)]
+    assert "labelled" not in curate.report(plain, done, rule)
 
 
 def test_a_row_that_cannot_be_read_is_named_and_counted(tmp_path, clips, tiny, monkeypatch, caplog):

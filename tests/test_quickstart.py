@@ -47,6 +47,44 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert "after GRPO" in out and "video_direction" in out
 
 
+def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path):
+    """Every 3rd question a labelled decoy in both splits, on every kind; the cold start sees half its
+    rows without their clip (as curation asks them) and keeps the decoys' true answers
+    while it shuffles the others'."""
+    args = ["quickstart", "--set", f"run.output_dir={tmp_path}"]
+    for override in (
+        "data.train_clips=16",
+        "data.heldout_clips=8",
+        "data.sft_fraction=0.5",
+        "data.decoy_every=3",
+        "data.sft_text_only=0.5",
+        "sft.trainer.steps=3",
+        "grpo.trainer.steps=1",
+        "grpo.rollout.n=2",
+        "grpo.data.prompts_per_step=2",
+    ):
+        args += ["--set", override]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["decoy_every"] == 3 and summary["sft_text_only"] == 0.5 and summary["heldout_rows"] == 8
+
+    def rows(path):
+        return [json.loads(line) for line in (tmp_path / "data" / path).read_text().splitlines()]
+
+    train, heldout, sft_rows = rows("train/data.jsonl"), rows("heldout/data.jsonl"), rows("train/sft.jsonl")
+    assert [r.get("decoy", False) for r in heldout] == [False, False, True] * 2 + [False, False]
+    assert {r["data_source"] for r in train if r.get("decoy")} == {
+        f"video_{k}" for k in ("direction", "order", "count", "when")
+    }
+    assert [r["id"] for r in sft_rows] == [r["id"] for r in train[:8]]
+    text_only = [r for r in sft_rows if "videos" not in r]
+    assert len(text_only) == 4
+    assert all(r["videos"] for r in sft_rows if "videos" in r)
+    decoys = [(cold, original) for cold, original in zip(sft_rows, train, strict=False) if original.get("decoy")]
+    assert len(decoys) == 2 and all(c["answer"] == o["answer"] and c["decoy"] is True for c, o in decoys)
+    assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 def test_sim_quickstart_small_run(tmp_path, capsys):
     """Two training seeds, each in its own folder; the summary has every seed's results
     with intervals and the spread over seeds."""

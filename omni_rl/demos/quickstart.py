@@ -23,11 +23,13 @@ from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
+from omni_rl.evaluation.curate import without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
 from omni_rl.preprocess.motion import write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
 from omni_rl.runtime import apply_run_settings
 
@@ -44,16 +46,26 @@ def split_rows(data: Path, fraction: float, out: Path) -> Path:
 def shuffle_answers(data: Path, seed: int) -> Path:
     """Rewrite ``data`` with its answers permuted among the rows of each data source
     (so each kind keeps its balance of answers, and no answer says what its clip shows);
-    returns ``data``."""
+    a decoy keeps its answer, which its wording states. Returns ``data``."""
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     rng = random.Random(seed)
     for source in sorted({r["data_source"] for r in rows}):
-        mine = [r for r in rows if r["data_source"] == source]
+        mine = [r for r in rows if r["data_source"] == source and not r.get("decoy")]
         answers = [r["answer"] for r in mine]
         rng.shuffle(answers)
         for row, answer in zip(mine, answers, strict=True):
             row["answer"] = answer
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def drop_clips(data: Path, share: float, seed: int) -> Path:
+    """Rewrite ``data`` with a seeded ``share`` of its rows asked without their media
+    (``without_media``: as ``omni-rl curate text-only`` asks); returns ``data``."""
+    rows = read_rows(data)[0]
+    chosen = set(random.Random(seed).sample(range(len(rows)), round(share * len(rows))))
+    records = [without_media(row) if i in chosen else row.fields for i, row in enumerate(rows)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
     return data
 
 
@@ -180,14 +192,18 @@ def main(cfg: QuickstartConfig) -> dict:
     started, out, runtime = begin(cfg)
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
-    controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames}
+    controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames, "decoy_every": d.decoy_every}
     train = write_motion_qa(out / "data" / "train", d.train_clips, cfg.run.seed, **controls)
     heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, **controls)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
     if d.sft_shuffled_answers:
         shuffle_answers(sft_rows, cfg.run.seed)
+    if d.sft_text_only:
+        drop_clips(sft_rows, d.sft_text_only, cfg.run.seed)
     after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
+    if d.decoy_every or d.sft_text_only:
+        controls |= {"decoy_every": d.decoy_every, "sft_text_only": d.sft_text_only}
     return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
 
 

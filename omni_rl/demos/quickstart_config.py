@@ -54,10 +54,27 @@ class QuickstartData:
     frames show the square)."""
     prompt_template: str = "{problem}{options}"
     """How rows become questions."""
+    decoy_every: int = 0
+    """Every k-th question of the training and held-out sets a decoy, labelled
+    ``"decoy": true``: its wording states the answer, so the text alone answers it (the
+    known truth to check ``omni-rl curate text-only`` against; 0: none). Odd, so that
+    the decoys fall on all four kinds, which cycle (k = 4 would make every "when"
+    question a decoy and no other). The cold start keeps decoys' true answers where it
+    shuffles the others': the wording states them."""
+    sft_text_only: float = 0.0
+    """Share of the cold start's rows shown without their clip, the question alone, so
+    the SFT model answers text-only prompts in form, as ``omni-rl curate text-only``
+    asks them (0: every row with its clip)."""
 
     def __post_init__(self):
         require(self.train_clips >= 8 and self.heldout_clips >= 4, "train_clips", "need >= 8 train, >= 4 held out")
         require(0 < self.sft_fraction <= 1, "sft_fraction", "must be in (0, 1]")
+        require(
+            self.decoy_every == 0 or (self.decoy_every > 0 and self.decoy_every % 2 == 1),
+            "decoy_every",
+            "must be 0 (no decoys) or odd (the four kinds cycle: an even k puts every decoy on two kinds or one)",
+        )
+        require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
 
 
 @dataclass

@@ -30,6 +30,7 @@ from omni_rl.rollout.hf import SamplingParams
 log = logging.getLogger(__name__)
 
 PASSES = "passes.jsonl"  # one line per answered row: {id, pass_rate, ...}
+LABEL = "decoy"  # a generator's label of a row its wording answers (the report scores drops against it)
 
 
 @dataclass(frozen=True)
@@ -212,12 +213,31 @@ def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, 
         groups["per_type"][row.problem_type].append(entry)
         groups["per_source"][row.fields.get("data_source") or "unknown"].append(entry)
     everything = [e for entries in groups["per_type"].values() for e in entries]
-    return {
+    result = {
         **rule.as_dict(),
         "rule": rule.describe(),
         "refused_rows": refused_rows,
         "overall": _group(everything, rule),
         **{name: {k: _group(v, rule) for k, v in sorted(g.items())} for name, g in groups.items()},
+    }
+    if any(LABEL in row.fields for row in rows):
+        result["labelled"] = against_labels(rows, done, rule)
+    return result
+
+
+def against_labels(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty) -> dict:
+    """How the drops match rows labelled ``"decoy": true`` (a generator's known truth):
+    recall, the share of decoys dropped; precision, the share of drops that are decoys
+    (None with no decoys or no drops)."""
+    decoys = {row.id for row in rows if row.fields.get(LABEL) is True}
+    dropped = {row.id for row in rows if row.id in done and rule.drops(done[row.id]["pass_rate"])}
+    hits = len(decoys & dropped)
+    return {
+        "decoys": len(decoys),
+        "dropped_decoys": hits,
+        "dropped_others": len(dropped - decoys),
+        "recall": hits / len(decoys) if decoys else None,
+        "precision": hits / len(dropped) if dropped else None,
     }
 
 
@@ -248,5 +268,16 @@ def report_table(result: dict) -> str:
         lines.append(f"{title}:")
         lines += [line("  " + name, g) for name, g in result[key].items()]
     lines.append(line("overall", result["overall"]))
+    if "labelled" in result:
+        lab = result["labelled"]
+        lines.append(
+            f"against the decoy labels: {lab['dropped_decoys']} of {lab['decoys']} decoys dropped "
+            f"(recall {_ratio(lab['recall'])}), {lab['dropped_others']} other rows dropped "
+            f"(precision {_ratio(lab['precision'])})"
+        )
     lines.append(f"{result['curation']}: {result['rule']}")
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
