@@ -393,7 +393,7 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
             model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0
         )
         stats = grpo._update(engine, None, batch, rollouts, rollouts.completion_mask, advantages, pad, cfg, True)
-        assert stats["update/micro_batches"] == (2 if budget else 1)
+        assert stats["update/micro_batches"] == (2 if budget else 1) and stats["update/prompt_backward_apart"] == 1.0
         results.append({n: p.detach().clone() for n, p in model.named_parameters()})
     moved = sum(
         float((results[0][n] - p).abs().sum()) for n, p in load(tiny_checkpoint("qwen2_5_vl"))[0].named_parameters()

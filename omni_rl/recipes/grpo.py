@@ -546,6 +546,7 @@ def _update(
     stats = {k: v / len(grad_norms) for k, v in zip(keys, totals, strict=True)}
     stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
     stats["update/micro_batches"] = sum(len(chunks) for chunks in plan)
+    stats["update/prompt_backward_apart"] = float(engine.prompt_apart)  # 0 under ddp: one backward call
     stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
     stats.update(_mismatch_metrics(mismatch, dropped, float(mask.bool().any(-1).sum()), correction))
     return stats
