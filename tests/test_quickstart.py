@@ -6,19 +6,19 @@ import pytest
 
 from omni_rl.cli import main
 
+SMALL_VIDEO = ("sft.trainer.steps=3", "grpo.rollout.n=2", "grpo.data.prompts_per_step=2")
+"""What every small run of the video quickstart shortens."""
+
+
+def video_quickstart(out, *overrides: str) -> int:
+    args = ["quickstart", "--set", f"run.output_dir={out}"]
+    for override in (*SMALL_VIDEO, *overrides):
+        args += ["--set", override]
+    return main(args)
+
 
 def test_quickstart_small_run(tmp_path, capsys):
-    args = ["quickstart", "--set", f"run.output_dir={tmp_path}"]
-    for override in (
-        "data.train_clips=8",
-        "data.heldout_clips=8",
-        "sft.trainer.steps=3",
-        "grpo.trainer.steps=2",
-        "grpo.rollout.n=2",
-        "grpo.data.prompts_per_step=2",
-    ):
-        args += ["--set", override]
-    assert main(args) == 0
+    assert video_quickstart(tmp_path, "data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=2") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert 0 <= summary["heldout_accuracy_sft"] <= 1 and 0 <= summary["heldout_accuracy_rl"] <= 1
     assert summary["heldout_rows"] == 8 and summary["blank_frames"] is False and summary["shuffle_frames"] is False
@@ -51,20 +51,8 @@ def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path
     """Every 3rd question a labelled decoy in both splits, on every kind; the cold start sees half its
     rows without their clip (as curation asks them) and keeps the decoys' true answers
     while it shuffles the others'."""
-    args = ["quickstart", "--set", f"run.output_dir={tmp_path}"]
-    for override in (
-        "data.train_clips=16",
-        "data.heldout_clips=8",
-        "data.sft_fraction=0.5",
-        "data.decoy_every=3",
-        "data.sft_text_only=0.5",
-        "sft.trainer.steps=3",
-        "grpo.trainer.steps=1",
-        "grpo.rollout.n=2",
-        "grpo.data.prompts_per_step=2",
-    ):
-        args += ["--set", override]
-    assert main(args) == 0
+    settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
+    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.sft_text_only=0.5") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["decoy_every"] == 3 and summary["sft_text_only"] == 0.5 and summary["heldout_rows"] == 8
 
