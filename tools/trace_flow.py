@@ -45,20 +45,26 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._mode_utils import no_dispatch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch_private import (
+    Propagation,
+    forget_module,
+    in_backward,
+    join_fake_process_group,
+    module_tracking_without_cycles,
+    no_dispatch,
+    tolist_answered_by,
+)
 from trace_memory import (
     GB,
     KINDS,
     ROOT,
     KnownValues,
     Phases,
-    Propagation,
     TensorsFromTensors,
     eager_masks,
     kernel_of,
     model_json,
-    no_graph_cycles,
     provenance,
     rank0_row,
     tracker_for,
@@ -260,13 +266,12 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
 
     engine.step = stepped
 
-    def forget_module(module, args):
+    def forget_repeat(module, args):
         """The trackers take a second call of a module outside the root's forward for a
         new iteration and refuse it: each mini-batch calls the root, and sampling calls
         the model's parts once per denoising step. Only the global peak is read here."""
-        tracker = phases.tracker
-        if module in tracker.memory_tracking and not tracker._mod_tracker.is_bw:
-            del tracker.memory_tracking[module]
+        if not in_backward(phases.tracker):
+            forget_module(phases.tracker, module)
 
     def tracked(name: str):
         """The tracker of a phase's optimizer, its state seeded (outside the modes)."""
@@ -287,13 +292,13 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
             stack.enter_context(values)
             stack.enter_context(TensorsFromTensors())
             stack.enter_context(eager_masks(values))
-            stack.enter_context(mock.patch.object(FakeTensor, "tolist", lambda t: values.tolist(t)))
+            stack.enter_context(tolist_answered_by(values.tolist))
             stack.enter_context(mock.patch.object(Pi0Encoder, "observation", fake_observations(one, values)))
-            stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(forget_module).remove)
+            stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(forget_repeat).remove)
             if world > 1:  # every rank holds rank 0's objects
                 stack.enter_context(mock.patch.object(distributed, "mean_metrics", rank0_row))
                 stack.enter_context(mock.patch.object(distributed, "gather_objects", lambda items: list(items) * world))
-            stack.enter_context(no_graph_cycles())
+            stack.enter_context(module_tracking_without_cycles())
             stack.enter_context(tracker)
             stack.enter_context(Propagation.hidden())
             yield
@@ -368,8 +373,6 @@ def print_report(setup: Pi0Setup, phases: dict, info: dict, seconds: float) -> N
 
 def main(cfg, args) -> None:
     """``tools/trace_memory.py``'s entry for a flow_ppo config (its parsed ``args``)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     from omni_rl.engine.engine import resolve_precision
 
     started = time.perf_counter()
@@ -388,7 +391,7 @@ def main(cfg, args) -> None:
     layout, action_dim = env_layout(cfg)
     setup = Pi0Setup(cfg, config, processor, layout, action_dim, source, world, target)
     if world > 1:
-        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        join_fake_process_group(world)
     demo_chunks = args.demo_chunks or 100 * cfg.env.max_episode_steps
     phases, info = trace(setup, demo_chunks)
     print_report(setup, phases, info, time.perf_counter() - started)

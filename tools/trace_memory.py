@@ -9,7 +9,7 @@ the rollout and the PPO update, phase by phase.)
 No weights, no GPU: the config's model is built under PyTorch's ``FakeTensorMode`` (tensors
 with shapes, dtypes and devices but no data) from its architecture (``model.path``'s
 config.json, else ``tools/model_configs/<name>.json``, else ``--model-config``), joins a
-fake process group of N ranks (``torch.testing._internal.distributed.fake_pg``), and is
+fake process group of N ranks (PyTorch's ``fake`` backend), and is
 sharded by the engine's own FSDP2 wrapping (``TrainingEngine.from_config``). Then the real
 code of one training step runs as rank 0 runs it:
 
@@ -81,7 +81,6 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from copy import deepcopy
 from pathlib import Path
 from unittest import mock
 
@@ -95,13 +94,30 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.overrides import TorchFunctionMode
-from torch.utils._mode_utils import no_dispatch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import arg_tree_leaves, tree_flatten, tree_map, tree_map_only
 from torch.utils.weak import WeakTensorKeyDictionary
+from torch_private import (
+    Propagation,
+    TorchDispatchMode,
+    arg_tree_leaves,
+    fake_constant,
+    fake_tolist,
+    forget_module,
+    join_fake_process_group,
+    memory_events,
+    module_tracking_without_cycles,
+    no_dispatch,
+    peak_tracker,
+    restart_peak,
+    tolist_answered_by,
+    track_frozen_shards,
+    tree_flatten,
+    tree_map,
+    tree_map_only,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_CONFIGS = ROOT / "tools" / "model_configs"
+TOOLS = ROOT / "tools"
+MODEL_CONFIGS = TOOLS / "model_configs"
 GB = 2**30
 T0 = time.perf_counter()
 aten = torch.ops.aten
@@ -140,14 +156,13 @@ UNINITIALIZED = {
 }
 SCALAR_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
-FAKE_TOLIST = FakeTensor.tolist
 
 
 def call_site() -> str:
-    """``path:LINE in fn`` of the innermost project frame (omni_rl, or a test) issuing the
-    current operation, after the innermost library frame beneath it (transformers,
-    torch.nn) where there is one: ``library <- project``."""
-    frames = [f for f in traceback.extract_stack()[:-1] if f.filename != __file__]
+    """``path:LINE in fn`` of the innermost project frame (omni_rl, or a test; not the
+    tracers' own in tools/) issuing the current operation, after the innermost library
+    frame beneath it (transformers, torch.nn) where there is one: ``library <- project``."""
+    frames = [f for f in traceback.extract_stack()[:-1] if Path(f.filename).parent != TOOLS]
     frames = [f for f in frames if "/site-packages/torch/" not in f.filename or "/torch/nn/" in f.filename]
 
     def project(f) -> bool:
@@ -199,7 +214,7 @@ class KnownValues(TorchDispatchMode):
     def known(self, t) -> bool:
         """A real tensor, or a fake whose value is known here or to the fake mode (which
         keeps the values of one-element tensors made from Python numbers)."""
-        return not isinstance(t, FakeTensor) or t in self.real or t.constant is not None
+        return not isinstance(t, FakeTensor) or t in self.real or fake_constant(t) is not None
 
     def value(self, t):
         if not isinstance(t, FakeTensor):
@@ -207,13 +222,13 @@ class KnownValues(TorchDispatchMode):
         if t in self.real:
             return self.real[t]
         with no_dispatch():  # the fake mode updates its own copy (AdamW's step count)
-            return t.constant.clone()
+            return fake_constant(t).clone()
 
     def tolist(self, t: FakeTensor):
         """``FakeTensor.tolist`` reads element by element (one dispatched read each: 20,000
         for a long prompt's token types); a known tensor is read in one go."""
         if not self.known(t):
-            return FAKE_TOLIST(t)
+            return fake_tolist(t)
         if self.on_read is not None:
             self.on_read("tolist", [t])
         with no_dispatch():
@@ -337,29 +352,6 @@ class KnownValues(TorchDispatchMode):
             elif name == "c10d::_allgather_base_":
                 self.real[args[0]] = self.value(args[1]).repeat(self.world, *[1] * (args[1].dim() - 1))
         return out
-
-
-class Propagation:
-    """DTensor's sharding propagation runs each operation once more on fake tensors of
-    the whole (unsharded) shapes, in the active fake mode (ours): metadata only, which on
-    a GPU costs no memory. Inside it the trackers and the modes here stand aside."""
-
-    depth = 0
-
-    @classmethod
-    def hidden(cls):
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-        original = ShardingPropagator._propagate_tensor_meta_non_cached
-
-        def propagate(self, *args, **kwargs):
-            cls.depth += 1
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                cls.depth -= 1
-
-        return mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached", propagate)
 
 
 class TensorsFromTensors(TorchFunctionMode):
@@ -760,75 +752,19 @@ def kernel_of(optimizer, target: str) -> None:
             group["foreach"], group["fused"] = kernel == "foreach", kernel == "fused"
 
 
-def no_graph_cycles():
-    """The trackers' ``ModTracker`` without the reference cycle its backward hooks make.
-
-    It hooks the inputs of every module's forward with ``register_multi_grad_hook`` in
-    its "all" mode, whose hook keeps a list of the inputs' graph nodes that the nodes'
-    own hooks refer to: each forward's graph then lives until the garbage collector
-    happens to run, not until its last tensor dies as in the step without trackers (the
-    7B trace's peak moved by 4 GB with the collector's timing). The "any" mode keeps no
-    such list; the module's backward is then marked done at its first input's gradient
-    instead of its last (the same for a module of one input), which moves no byte."""
-    from functools import partial
-
-    from torch.autograd.graph import register_multi_grad_hook
-    from torch.distributed._tools import mod_tracker
-
-    return mock.patch.object(mod_tracker, "register_multi_grad_hook", partial(register_multi_grad_hook, mode="any"))
-
-
 def tracker_for(model, optimizer, fsdp: bool):
-    """``FSDPMemTracker`` (or ``MemTracker``) keeping the global peak only: the stock ones
-    also update every module's peak at every operation, which costs more than the trace
-    itself at a 7B model's thousand modules."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    base = FSDPMemTracker if fsdp else MemTracker
-
-    class Tracker(base):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if Propagation.depth:
-                return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
-        peak_module: str | None = None
-        """The innermost module running at the peak, and whether in its backward."""
-
-        def _update_peak_stats(self, peak_state) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot["Total"]:
-                    self._peak_mem[device] = snapshot["Total"]
-                    self._peak_mem_snap[device] = dict(snapshot)
-                    self.peak_module = innermost(self._mod_tracker.parents, self._mod_tracker.is_bw)
-
-    if fsdp:
-        return Tracker(model, optimizer)
-    tracker = Tracker()
-    tracker.track_external(model, optimizer)
-    # MemTracker hooks every parameter's gradient at its module's first forward, and a
-    # frozen one refuses the hook: those take a hook that is never called
-    for p in model.parameters():
-        if not p.requires_grad:
-            tracker._param_to_grad_hook_handles[p] = (NoHook(), NoHook())
-    return tracker
+    """The memory tracker of a trace (``torch_private.peak_tracker``), standing aside
+    during DTensor's sharding propagation."""
+    return peak_tracker(model, optimizer, fsdp, stand_aside=lambda: Propagation.depth > 0)
 
 
-def innermost(parents: set[str], backward: bool) -> str:
-    """The deepest of the modules running (``ModTracker.parents``: dotted paths from the
-    root's class name), and the pass: ``model.layers.3.mlp (backward)``."""
-    deepest = max(parents, key=lambda name: (name.count("."), name))
-    if "." not in deepest:  # only the root's or ModTracker's own "Global": no module runs
+def module_label(name: str | None, backward: bool) -> str:
+    """``model.layers.3.mlp (backward)`` for the module ``ModTracker`` names
+    ``Qwen2_5_VLForConditionalGeneration.model.layers.3.mlp`` (``tracker.running``)."""
+    if name is None:
         return "outside any module"
-    return f"{deepest.partition('.')[2]} ({'backward' if backward else 'forward'})"
-
-
-class NoHook:
-    """The handle of a gradient hook never installed."""
-
-    def remove(self) -> None:
-        pass
+    inside = name.partition(".")[2] or "the model itself"
+    return f"{inside} ({'backward' if backward else 'forward'})"
 
 
 class StopDecode(Exception):
@@ -849,7 +785,7 @@ class Phase:
     seconds: float = 0.0
     count: int = 0
     at: str | None = None
-    """The innermost module running at the peak (``innermost``)."""
+    """The module running at the peak (``module_label``)."""
 
     @property
     def total(self) -> int:
@@ -883,12 +819,8 @@ class Phases:
         if self.marks:
             self.mark = torch.autograd.profiler.record_function(f"phase:{name}")
             self.mark.__enter__()
-        current = self.tracker.get_tracker_snapshot("current")
-        self.start_total = self._total(current).get("Total", 0)
         # the trackers keep one peak since they started: start this phase's from now
-        self.tracker._peak_mem = {d: s.get("Total", 0) for d, s in current.items()}
-        self.tracker._peak_mem_snap = deepcopy(current)
-        self.tracker.peak_module = None
+        self.start_total = self._total(restart_peak(self.tracker)).get("Total", 0)
 
     def close(self) -> None:
         if self.current is None:
@@ -900,7 +832,8 @@ class Phases:
         phase.rise = max(phase.rise, peak.get("Total", 0) - self.start_total)
         if peak.get("Total", 0) >= phase.total:
             phase.peak, phase.start = peak, self.start_total
-            phase.at = getattr(self.tracker, "peak_module", None)
+            running = self.tracker.running
+            phase.at = module_label(*running) if running else None
         if self.mark is not None:
             self.mark.__exit__(None, None, None)
             self.mark = None
@@ -1068,8 +1001,6 @@ def rank0_row(row: dict) -> dict:
 def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Phase], Checks | None, dict]:
     """The sharded trace: the step on rank 0 of ``setup.world`` under the engine's wrapping,
     on fake CPU tensors (``fake``) or real ones (tiny models: to check the trace)."""
-    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-
     from omni_rl.engine import distributed
     from omni_rl.engine.engine import TrainingEngine, load_dtype
     from omni_rl.recipes import grpo
@@ -1102,8 +1033,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
         info["strategy"] = engine.strategy
         tracker = tracker_for(model, engine.optimizer, fsdp=engine.strategy == "fsdp")
         if reference is not None and engine.strategy == "fsdp":  # the frozen reference's shards
-            for p in reference.parameters():
-                tracker._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
+            track_frozen_shards(tracker, reference.parameters())
         elif reference is not None:
             tracker.track_external(reference)
     device = "cpu (fake)" if fake else "cpu"
@@ -1123,17 +1053,17 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
             for m in (model, reference):
                 if m is not None:
                     stack.callback(merge_windows(m))
-            stack.enter_context(mock.patch.object(FakeTensor, "tolist", lambda t: values.tolist(t)))
+            stack.enter_context(tolist_answered_by(values.tolist))
         # the trackers take a second call of the root module for a new iteration and refuse it;
         # the shared-prefix forward calls it twice per micro-batch (prompt, then completions)
         roots = [m for m in (model, reference) if m is not None]
 
         def forget_root(module, args):
-            if any(module is root for root in roots) and module in tracker.memory_tracking:
-                del tracker.memory_tracking[module]
+            if any(module is root for root in roots):
+                forget_module(tracker, module)
 
         stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(forget_root).remove)
-        stack.enter_context(no_graph_cycles())
+        stack.enter_context(module_tracking_without_cycles())
         stack.enter_context(tracker)
         stack.enter_context(Propagation.hidden())
         if setup.world > 1:
@@ -1159,20 +1089,15 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
 def allocator_rises(profiler) -> dict[str, int]:
     """Per phase, the most bytes the CPU allocator handed out above what it held when
     the phase began (the profiler's memory events, within each phase's range)."""
-    events = profiler.profiler.kineto_results.events()
-    allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    allocations, ranges = memory_events(profiler, "phase:")
     rises: dict[str, int] = {}
-    for e in events:
-        if not e.name().startswith("phase:"):
-            continue
-        begin, end = e.start_ns(), e.start_ns() + e.duration_ns()
+    for name, begin, end in ranges:
         held = sum(n for t, n in allocations if t < begin)
         live = peak = held
         for t, n in allocations:
             if begin <= t <= end:
                 live += n
                 peak = max(peak, live)
-        name = e.name().removeprefix("phase:")
         rises[name] = max(rises.get(name, 0), peak - held)
     return rises
 
@@ -1211,7 +1136,7 @@ def check_pass(setup: Setup) -> Checks:
         stack.enter_context(GpuAttention())
         stack.enter_context(eager_masks(values))
         stack.callback(merge_windows(model))
-        stack.enter_context(mock.patch.object(FakeTensor, "tolist", lambda t: values.tolist(t)))
+        stack.enter_context(tolist_answered_by(values.tolist))
         stack.enter_context(mock.patch.object(distributed, "_device", lambda: cuda))
         batch = setup.batch(lambda e: fake_copy(e, values))
         remove = mark_phases(model, None, None, None, checks, setup.decode_steps)
@@ -1348,8 +1273,6 @@ def main() -> None:
 
     import tempfile
 
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     from omni_rl.engine.engine import resolve_precision, resolve_strategy
     from omni_rl.recipe_loader import load_config
     from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
@@ -1371,7 +1294,7 @@ def main() -> None:
     if cfg.data.prompts_per_step % world:
         raise SystemExit(f"data.prompts_per_step={cfg.data.prompts_per_step} does not divide among {world} ranks")
     if resolve_strategy(trainer.strategy, world) != "single":
-        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        join_fake_process_group(world)
     with tempfile.TemporaryDirectory() as work:
         arch = architecture(cfg, args.model_config, Path(work))
         sample, encoded = prompt(cfg, arch, args.prompt_tokens)
