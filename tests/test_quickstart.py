@@ -73,6 +73,38 @@ def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_quickstart_with_an_unreachable_source_under_the_ucb_sampler(tmp_path):
+    """GRPO's training set gains a fifth source whose questions no completion answers:
+    neither the cold start nor the held-out set has them, and they score 0 whatever the
+    answer (their format term weighted 0), so the UCB sampler sees them teach nothing."""
+    from omni_rl.recipe_loader import load_config
+    from omni_rl.rewards import score
+
+    settings = ("data.train_clips=8", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=2")
+    assert video_quickstart(tmp_path, *settings, "data.unreachable_rows=6", "grpo.data.sampler.type=ucb") == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["unreachable_rows"] == 6 and summary["sampler"] == "ucb"
+    assert "unreachable" not in summary["per_source"] and summary["heldout_rows"] == 8
+
+    def rows(path):
+        return [json.loads(line) for line in (tmp_path / "data" / path).read_text().splitlines()]
+
+    train = rows("train/data.jsonl")
+    unreachable = [r for r in train if r["data_source"] == "unreachable"]
+    assert len(train) == 14 and train[8:] == unreachable
+    assert [r["videos"] for r in unreachable] == [r["videos"] for r in train[:6]]
+    assert all(r["data_source"] != "unreachable" for r in rows("train/sft.jsonl") + rows("heldout/data.jsonl"))
+    grpo_cfg = load_config(tmp_path / "grpo" / "config.yaml", [])
+    assert dict(grpo_cfg.rewards.weights) == {"numerical": (1.0, 0.0)}
+    rewards = grpo_cfg.rewards.settings()
+    for row in unreachable:
+        for response in ("<answer>A</answer>", "<answer>100000</answer>", "no answer"):
+            assert score("numerical", response, row["answer"], settings=rewards).score == 0.0
+    steps = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < row["sampler/prob/unreachable"] < 1 for row in steps if "sampler/prob/unreachable" in row)
+    assert any("sampler/prob/unreachable" in row for row in steps)
+
+
 def test_sim_quickstart_small_run(tmp_path, capsys):
     """Two training seeds, each in its own folder; the summary has every seed's results
     with intervals and the spread over seeds."""

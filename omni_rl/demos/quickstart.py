@@ -69,6 +69,33 @@ def drop_clips(data: Path, share: float, seed: int) -> Path:
     return data
 
 
+UNREACHABLE = "Which six-digit number is written under this clip?"
+
+
+def add_unreachable(data: Path, count: int, seed: int) -> Path:
+    """Append ``count`` rows of the source ``unreachable`` to ``data``: its clips in turn,
+    each asked ``UNREACHABLE`` with a seeded random six-digit answer (numerical), which
+    no clip shows and no completion reaches. Returns ``data``."""
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rng = random.Random(seed)
+    added = []
+    for i in range(count):
+        clip = rows[i % len(rows)]
+        answer = str(rng.randrange(100_000, 1_000_000))
+        row = {"id": f"unreachable{i:05d}", "problem": UNREACHABLE, "problem_type": "numerical", "answer": answer}
+        added.append({**row, "videos": clip["videos"], "data_source": "unreachable"})
+    with data.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in added)
+    return data
+
+
+def scored_on_accuracy_alone(grpo_cfg, problem_type: str):
+    """``grpo_cfg`` with ``problem_type``'s format term weighted 0 (a row of it then scores
+    its accuracy alone)."""
+    weights = {**grpo_cfg.rewards.weights, problem_type: (1.0, 0.0)}
+    return replace(grpo_cfg, rewards=replace(grpo_cfg.rewards, weights=weights))
+
+
 def _held_out(cfg, model_dir: Path, dataset: MediaDataset) -> dict:
     model, processor = load(model_dir)
     return evaluate_rows(
@@ -200,10 +227,15 @@ def main(cfg: QuickstartConfig) -> dict:
         shuffle_answers(sft_rows, cfg.run.seed)
     if d.sft_text_only:
         drop_clips(sft_rows, d.sft_text_only, cfg.run.seed)
+    if d.unreachable_rows:  # after the cold start's rows are taken: GRPO's alone
+        add_unreachable(train, d.unreachable_rows, cfg.run.seed)
+        cfg = replace(cfg, grpo=scored_on_accuracy_alone(cfg.grpo, "numerical"))
     after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
     if d.decoy_every or d.sft_text_only:
         controls |= {"decoy_every": d.decoy_every, "sft_text_only": d.sft_text_only}
+    if d.unreachable_rows:
+        controls |= {"unreachable_rows": d.unreachable_rows, "sampler": cfg.grpo.data.sampler.type}
     return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
 
 

@@ -65,6 +65,12 @@ class QuickstartData:
     """Share of the cold start's rows shown without their clip, the question alone, so
     the SFT model answers text-only prompts in form, as ``omni-rl curate text-only``
     asks them (0: every row with its clip)."""
+    unreachable_rows: int = 0
+    """GRPO training rows of a fifth source, ``unreachable``: a training clip asked for a
+    six-digit number no completion gives (numerical, scored on accuracy alone:
+    ``grpo.rewards.weights`` gets ``numerical: [1, 0]``), so every group of theirs scores
+    0 and teaches nothing. Neither the cold start nor the held-out set has them. The
+    case for ``grpo.data.sampler.type: ucb`` (0: none)."""
 
     def __post_init__(self):
         require(self.train_clips >= 8 and self.heldout_clips >= 4, "train_clips", "need >= 8 train, >= 4 held out")
@@ -75,6 +81,7 @@ class QuickstartData:
             "must be 0 (no decoys) or odd (the four kinds cycle: an even k puts every decoy on two kinds or one)",
         )
         require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
+        require(self.unreachable_rows >= 0, "unreachable_rows", "must be >= 0")
 
 
 @dataclass
