@@ -6,12 +6,16 @@
 (A flow_ppo config with a pi0 policy goes to ``tools/trace_flow.py``: behaviour cloning,
 the rollout and the PPO update, phase by phase.)
 
-No weights, no GPU: the config's model is built under PyTorch's ``FakeTensorMode`` (tensors
-with shapes, dtypes and devices but no data) from its architecture (``model.path``'s
-config.json, else ``tools/model_configs/<name>.json``, else ``--model-config``), joins a
-fake process group of N ranks (PyTorch's ``fake`` backend), and is
-sharded by the engine's own FSDP2 wrapping (``TrainingEngine.from_config``). Then the real
-code of one training step runs as rank 0 runs it:
+No weights, no GPU: the trace joins a fake process group of N ranks (PyTorch's ``fake``
+backend) and loads the config's model as the recipe does (``setup_model``: on the meta
+device when FSDP2 spans several ranks, frozen parts, gradient checkpointing, the
+reference) from a directory holding its architecture (``model.path``'s config.json, else
+``tools/model_configs/<name>.json``, else ``--model-config``), then shards it by the
+engine's own FSDP2 wrapping (``TrainingEngine.from_config``), whose fill makes each rank's
+shards. Under PyTorch's ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no
+data) the two steps that read weights are answered there instead: a whole model is built
+from its config, and the fill runs without rank 0's broadcast (``load_models``,
+``filled``). Then the real code of one training step runs as rank 0 runs it:
 
 - rollout: ``HFRolloutEngine.rollout`` on this rank's prompts (``data.prompts_per_step /
   N``), its prefill and K decode steps (the decode loop's later steps repeat the same
@@ -602,6 +606,9 @@ class Architecture:
     processor: object
     source: str
     """Where the config came from."""
+    path: Path
+    """The checkpoint directory the trace loads from: config.json and the processor, no
+    weights (a tiny model's: with them)."""
 
 
 def model_json(path: str, model_config: Path | None) -> tuple[dict, Path]:
@@ -641,39 +648,79 @@ def architecture(cfg, model_config: Path | None, work: Path) -> Architecture:
         )
         config = AutoConfig.from_pretrained(out, local_files_only=True)
         processor = AutoProcessor.from_pretrained(out, local_files_only=True)
-        return Architecture(config, family_of(out), processor, f"tiny {cfg.model.tiny_family} (built here)")
+        return Architecture(config, family_of(out), processor, f"tiny {cfg.model.tiny_family} (built here)", out)
     raw, model_config = model_json(cfg.model.path, model_config)
     family = FAMILIES.get(raw["model_type"])
     tokenizer = build_tokenizer(family.tokens)
     tiny = family.tiny_config(tokenizer, 64)
     ids = {k: v for k, v in tiny.to_dict().items() if k.endswith(("_token_id", "_token_index")) and v is not None}
     config = AutoConfig.for_model(**{**raw, **ids})
+    processor = family.tiny_processor(tokenizer)
+    path = work / "checkpoint"
+    config.save_pretrained(path)
+    processor.save_pretrained(path)
     source = model_config.resolve()
     source = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
-    return Architecture(config, family, family.tiny_processor(tokenizer), str(source))
+    return Architecture(config, family, processor, str(source), path)
 
 
-def build_model(arch: Architecture, cfg, dtype: torch.dtype, device: torch.device, trainable: bool):
-    """The model as ``omni_rl.recipes.common.setup_model`` makes it (shared-prefix
-    attention, frozen vision tower and gradient checkpointing as configured), built
-    directly in ``dtype`` on ``device`` (under a fake mode: no memory, no values)."""
-    from omni_rl.models import shared_prefix
+def load_models(setup: Setup, device: torch.device, fake_mode, world: int) -> tuple:
+    """(model, reference or None) as the recipe loads them (``setup_model``: built on the
+    meta device when FSDP2 spans several ranks, the vision tower frozen and gradient
+    checkpointing as configured, the reference beside), from ``setup.arch.path``, on
+    rank 0 of ``world`` (1: the whole model, for the unsharded checks); call
+    ``TrainingEngine.from_config`` on them inside ``filled``. Under ``fake_mode`` the
+    weights the recipe would read are made by it instead (none are there): a whole model
+    is built from its config, in the fake mode (no memory, no values)."""
+    import omni_rl.models as models
+    from omni_rl.engine.distributed import Ranks
+    from omni_rl.recipes.common import Run, setup_model
 
-    with torch.device(device):
-        model = arch.family.model_cls()._from_config(arch.config, dtype=dtype)
-    shared_prefix.install(model)
-    if not trainable:
-        return model.eval().requires_grad_(False)
-    if cfg.model.freeze_vision_tower:
-        for name, param in model.named_parameters():
-            if "visual" in name:
-                param.requires_grad_(False)
-    if cfg.model.lora is not None:
-        raise SystemExit("model.lora: the trace covers full fine-tunes only")
-    if cfg.model.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable({"use_reentrant": False})
-    return model.train()
+    cfg = dataclasses.replace(
+        setup.cfg, model=dataclasses.replace(setup.cfg.model, path=str(setup.arch.path)), trainer=setup.trainer
+    )
+    run = Run(setup.arch.path, Ranks(0, world, 0), device, None)
+
+    built = []
+
+    def read(path, family, dtype):
+        """The whole model, built on ``device`` (``load`` then moves it there: a no-op
+        here, as ``Module.to`` cannot swap fake parameters)."""
+        with torch.device(device):
+            model = family.model_cls()._from_config(setup.arch.config, dtype=dtype)
+        model.to = lambda *args, **kwargs: model
+        built.append(model)
+        return model
+
+    with fake_mode, contextlib.ExitStack() as stack:
+        if not isinstance(fake_mode, contextlib.nullcontext):
+            stack.enter_context(mock.patch.object(models, "_read", read))
+        torch.manual_seed(cfg.run.seed)
+        model, _, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
+    for whole in built:
+        del whole.to
+    return model, reference
+
+
+@contextlib.contextmanager
+def filled(fake_mode):
+    """``omni_rl.models.weights.fill`` as every rank runs it once the engine has sharded a
+    model built empty, in ``fake_mode``, without the broadcast of rank 0's weights (a fake
+    process group carries no data, and there are none to read)."""
+    import torch.distributed.checkpoint.state_dict as state_dict
+
+    import omni_rl.models as models
+    from omni_rl.models import weights
+
+    def fill(model, device):
+        with fake_mode, mock.patch.object(state_dict, "set_model_state_dict", lambda *args, **kwargs: None):
+            weights.fill(model, None, device)
+
+    if isinstance(fake_mode, contextlib.nullcontext):
+        yield
+        return
+    with mock.patch.object(models, "fill_sharded", fill):
+        yield
 
 
 def prompt(cfg, arch: Architecture, prompt_tokens: int | None) -> tuple:
@@ -1002,7 +1049,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     """The sharded trace: the step on rank 0 of ``setup.world`` under the engine's wrapping,
     on fake CPU tensors (``fake``) or real ones (tiny models: to check the trace)."""
     from omni_rl.engine import distributed
-    from omni_rl.engine.engine import TrainingEngine, load_dtype
+    from omni_rl.engine.engine import TrainingEngine
     from omni_rl.recipes import grpo
 
     cfg, cpu = setup.cfg, torch.device("cpu")
@@ -1010,18 +1057,13 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
     values = KnownValues(setup.world) if fake else None
     checks = Checks(values, cuda=False, bf16=setup.bf16) if fake and checks_on else None
     info = {}
-    with fake_mode:
-        torch.manual_seed(cfg.run.seed)
-        model = build_model(setup.arch, cfg, load_dtype(setup.precision), cpu, trainable=True)
-        reference = None
-        if cfg.algorithm.kl_coef > 0:
-            ref_dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
-            reference = build_model(setup.arch, cfg, ref_dtype, cpu, trainable=False)
+    model, reference = load_models(setup, cpu, fake_mode, setup.world)
     # outside the fake mode: FSDP2's device mesh reads the ranks' list, a real tensor
     total = cfg.trainer.steps * grpo._updates_per_step(cfg)
-    engine = TrainingEngine.from_config(model, setup.trainer, cfg.optimizer, cpu, total)
-    if reference is not None:
-        reference = engine.wrap_frozen(reference)
+    with filled(fake_mode):
+        engine = TrainingEngine.from_config(model, setup.trainer, cfg.optimizer, cpu, total)
+        if reference is not None:
+            reference = engine.wrap_frozen(reference)
     with fake_mode:
         kernel_of(engine.optimizer, setup.target)
         # the state a run carries from its second step on: AdamW's moments exist
@@ -1109,7 +1151,6 @@ def check_pass(setup: Setup) -> Checks:
     take CUDA tensors, as over NCCL. No backward: autograd needs a CUDA context for it."""
     from omni_rl.algorithms.losses import clipped_policy_loss
     from omni_rl.engine import distributed
-    from omni_rl.engine.engine import load_dtype
     from omni_rl.recipes import grpo
 
     cfg, cuda = setup.cfg, torch.device("cuda")
@@ -1117,8 +1158,8 @@ def check_pass(setup: Setup) -> Checks:
     values = KnownValues(setup.world)
     checks = Checks(values, cuda=True, bf16=setup.bf16)
     compute = torch.bfloat16 if setup.bf16 else torch.float32
+    model, _ = load_models(setup, cuda, fake_mode, world=1)
     with fake_mode:
-        model = build_model(setup.arch, cfg, load_dtype(setup.precision), cuda, trainable=True)
         for p in model.parameters():
             p.data = p.data.to(compute)
 
@@ -1295,17 +1336,19 @@ def main() -> None:
         raise SystemExit(f"data.prompts_per_step={cfg.data.prompts_per_step} does not divide among {world} ranks")
     if resolve_strategy(trainer.strategy, world) != "single":
         join_fake_process_group(world)
+    if cfg.model.lora is not None:
+        raise SystemExit("model.lora: the trace covers full fine-tunes only")
     with tempfile.TemporaryDirectory() as work:
         arch = architecture(cfg, args.model_config, Path(work))
         sample, encoded = prompt(cfg, arch, args.prompt_tokens)
-    tokens = encoded["input_ids"].shape[1]
-    print(f"[trace] prompt of {tokens} tokens at {time.perf_counter() - T0:.0f} s", file=sys.stderr)
-    setup = Setup(cfg, trainer, arch, sample, encoded, world, args.decode_steps, target, not args.same_length)
-    checks_on = args.checks != "off" and not args.real
-    phases, memory_checks, info = memory_pass(setup, fake=not args.real, checks_on=checks_on)
-    checks = [c for c in (memory_checks,) if c is not None]
-    if checks_on and target == "cuda":
-        checks.append(check_pass(setup))
+        tokens = encoded["input_ids"].shape[1]
+        print(f"[trace] prompt of {tokens} tokens at {time.perf_counter() - T0:.0f} s", file=sys.stderr)
+        setup = Setup(cfg, trainer, arch, sample, encoded, world, args.decode_steps, target, not args.same_length)
+        checks_on = args.checks != "off" and not args.real
+        phases, memory_checks, info = memory_pass(setup, fake=not args.real, checks_on=checks_on)
+        checks = [c for c in (memory_checks,) if c is not None]
+        if checks_on and target == "cuda":
+            checks.append(check_pass(setup))
     print_report(setup, phases, checks, info, time.perf_counter() - started)
     if args.json:
         args.json.write_text(json.dumps(as_json(setup, phases, checks, info), indent=1, default=str) + "\n")
