@@ -67,18 +67,24 @@ def one_step(model, optimizer):
 
 def test_the_peak_tracker_records_the_peak_and_the_module_at_it(private):
     model, optimizer = model_and_optimizer()
-    tracker = private.peak_tracker(model, optimizer, fsdp=False)
+    sites = iter(range(1_000_000))
+    tracker = private.peak_tracker(model, optimizer, fsdp=False, where=lambda: f"site {next(sites)}")
     with private.module_tracking_without_cycles(), tracker:
         one_step(model, optimizer)
         peak = tracker.get_tracker_snapshot("peak")
         assert max(s["Total"] for s in peak.values()) > 0 and tracker.running is not None
         current = private.restart_peak(tracker)
         assert tracker.get_tracker_snapshot("peak") == current and tracker.running is None
+        assert tracker.site is None
         private.forget_module(tracker, model)  # else the tracker refuses a second iteration
+        asked = next(sites)
         with torch.no_grad():
             model(torch.randn(4, 64))
         # the new peak: in the ReLU, its input and its output both live
         assert tracker.running == ("Sequential.1", False)
+        # ``where`` is asked at each new peak only, and its last answer kept
+        last = int(tracker.site.split()[1])
+        assert asked < last < next(sites) and last - asked <= 4
         assert not private.in_backward(tracker)
 
 
@@ -207,3 +213,20 @@ def test_the_fake_process_group_shards_and_the_propagation_is_seen(private):
     """In a process of its own: the fake group is this process's default group."""
     done = subprocess.run([sys.executable, "-c", FAKE_GROUP, str(TOOLS)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_the_autograd_node_running_is_named_in_a_backward_only(private):
+    x = torch.randn(3, 3, requires_grad=True)
+    names = []
+
+    class Names(private.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append((func, private.autograd_node()))
+            return func(*args, **(kwargs or {}))
+
+    loss = (x @ x).sum()
+    with Names():
+        torch.mm(x, x)
+        loss.backward()
+    assert names[0] == (torch.ops.aten.mm.default, None)
+    assert (torch.ops.aten.mm.default, "MmBackward0") in names

@@ -168,3 +168,4 @@ def test_the_module_at_a_peak_is_labelled_from_the_root_down(tool):
     assert tool.module_label(name, backward=True) == "model.layers.3.mlp (backward)"
     assert tool.module_label("Qwen2_5_VLForConditionalGeneration", backward=False) == "the model itself (forward)"
     assert tool.module_label(None, backward=False) == "outside any module"
+    assert tool.module_label(None, backward=True) == "outside any module (backward)"

@@ -31,6 +31,7 @@ __all__ = [
     "Propagation",
     "TorchDispatchMode",
     "arg_tree_leaves",
+    "autograd_node",
     "fake_constant",
     "fake_tolist",
     "forget_module",
@@ -122,7 +123,13 @@ class _NoHook:
         pass
 
 
-def peak_tracker(model, optimizer, fsdp: bool, stand_aside: Callable[[], bool] = lambda: False):
+def peak_tracker(
+    model,
+    optimizer,
+    fsdp: bool,
+    stand_aside: Callable[[], bool] = lambda: False,
+    where: Callable[[], str] | None = None,
+):
     """``FSDPMemTracker`` (``MemTracker`` without FSDP2) that keeps the global peak only
     (the stock ones also update every module's peak at every operation, which costs more
     than a 7B trace itself) and records, at each new peak, the module running and the
@@ -130,8 +137,9 @@ def peak_tracker(model, optimizer, fsdp: bool, stand_aside: Callable[[], bool] =
     the root's class) of the module entered last, by its forward or its backward, and not
     left yet; None outside every module. (``ModTracker.parents`` is no such answer: it
     is a set, and in a backward it keeps modules whose inputs need no gradient, and a
-    module the shared-prefix forward ran twice, until the backward ends.) An operation
-    issued while ``stand_aside()`` is true is not counted."""
+    module the shared-prefix forward ran twice, until the backward ends.) With ``where``,
+    ``tracker.site`` is what it says at each new peak (the line that issued the
+    operation). An operation issued while ``stand_aside()`` is true is not counted."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -139,6 +147,7 @@ def peak_tracker(model, optimizer, fsdp: bool, stand_aside: Callable[[], bool] =
 
     class Tracker(base):
         running: tuple[str | None, bool] | None = None
+        site: str | None = None
 
         def __enter__(self):
             super().__enter__()
@@ -163,6 +172,7 @@ def peak_tracker(model, optimizer, fsdp: bool, stand_aside: Callable[[], bool] =
                     self._peak_mem_snap[device] = dict(snapshot)
                     backward = self._mod_tracker.is_bw
                     self.running = (_running(self.entered, backward), backward)
+                    self.site = where() if where is not None else None
 
     if fsdp:
         return Tracker(model, optimizer)
@@ -230,13 +240,20 @@ def _running(entered: list[tuple[str, bool]], backward: bool) -> str | None:
     return names[-1] if names else None
 
 
+def autograd_node() -> str | None:
+    """The name of the autograd node whose backward is running (``MmBackward0``), or None
+    outside a backward."""
+    node = torch._C._current_autograd_node()
+    return None if node is None else node.name()
+
+
 def restart_peak(tracker) -> dict:
     """Start the tracker's peak again from what is live now (the trackers keep one peak
     since they started); returns the current snapshot."""
     current = tracker.get_tracker_snapshot("current")
     tracker._peak_mem = {d: s.get("Total", 0) for d, s in current.items()}
     tracker._peak_mem_snap = deepcopy(current)
-    tracker.running = None
+    tracker.running = tracker.site = None
     return current
 
 

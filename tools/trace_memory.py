@@ -43,7 +43,9 @@ its windows (``merge_windows``: the same tensors but for each window's small tra
 
 Memory is ``torch.distributed._tools``' ``FSDPMemTracker`` (``MemTracker`` without
 FSDP2): bytes of live tensor storage per rank, by kind (sharded and gathered parameters,
-gradients, optimizer state, activations, temporaries), at each phase's peak. The
+gradients, optimizer state, activations, temporaries), at each phase's peak, named by the
+module running at it and the line that issued its allocation (in a backward, with the
+autograd node running: a backward's Python stack ends at the call of ``backward``). The
 optimizer state exists from the start (the steady state of step 2 on). It is what the
 program allocates, before the CUDA caching allocator's block rounding and fragmentation
 (``torch.cuda.memory_reserved`` runs higher). Where the config trains on CUDA, AdamW runs
@@ -103,6 +105,7 @@ from torch_private import (
     Propagation,
     TorchDispatchMode,
     arg_tree_leaves,
+    autograd_node,
     fake_constant,
     fake_tolist,
     forget_module,
@@ -162,12 +165,16 @@ SCALAR_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 
 
-def call_site() -> str:
+def call_site(torch_parts: tuple[str, ...] = ("/torch/nn/",)) -> str:
     """``path:LINE in fn`` of the innermost project frame (omni_rl, or a test; not the
     tracers' own in tools/) issuing the current operation, after the innermost library
-    frame beneath it (transformers, torch.nn) where there is one: ``library <- project``."""
+    frame beneath it (transformers, or torch's ``torch_parts``) where there is one:
+    ``library <- project``."""
     frames = [f for f in traceback.extract_stack()[:-1] if Path(f.filename).parent != TOOLS]
-    frames = [f for f in frames if "/site-packages/torch/" not in f.filename or "/torch/nn/" in f.filename]
+    frames = [
+        f for f in frames if "/site-packages/torch/" not in f.filename or any(p in f.filename for p in torch_parts)
+    ]
+    frames = [f for f in frames if not f.filename.endswith("/torch/nn/modules/module.py")]  # a module's call
 
     def project(f) -> bool:
         return f.filename.startswith(str(ROOT)) and "/site-packages/" not in f.filename
@@ -801,15 +808,24 @@ def kernel_of(optimizer, target: str) -> None:
 
 def tracker_for(model, optimizer, fsdp: bool):
     """The memory tracker of a trace (``torch_private.peak_tracker``), standing aside
-    during DTensor's sharding propagation."""
-    return peak_tracker(model, optimizer, fsdp, stand_aside=lambda: Propagation.depth > 0)
+    during DTensor's sharding propagation, and noting the line that issued each new
+    peak's operation (``peak_site``)."""
+    return peak_tracker(model, optimizer, fsdp, stand_aside=lambda: Propagation.depth > 0, where=peak_site)
+
+
+def peak_site() -> str:
+    """``call_site`` with FSDP2's frames too (its hooks allocate in a backward), and in a
+    backward the autograd node running (a backward's Python stack ends at the call of
+    ``backward`` or a hook)."""
+    node = autograd_node()
+    return call_site(("/torch/nn/", "/torch/distributed/fsdp/")) + (f", in {node}" if node else "")
 
 
 def module_label(name: str | None, backward: bool) -> str:
     """``model.layers.3.mlp (backward)`` for the module ``ModTracker`` names
     ``Qwen2_5_VLForConditionalGeneration.model.layers.3.mlp`` (``tracker.running``)."""
     if name is None:
-        return "outside any module"
+        return "outside any module" + (" (backward)" if backward else "")
     inside = name.partition(".")[2] or "the model itself"
     return f"{inside} ({'backward' if backward else 'forward'})"
 
@@ -833,6 +849,8 @@ class Phase:
     count: int = 0
     at: str | None = None
     """The module running at the peak (``module_label``)."""
+    site: str | None = None
+    """The line that issued the peak's operation (``peak_site``)."""
 
     @property
     def total(self) -> int:
@@ -881,6 +899,7 @@ class Phases:
             phase.peak, phase.start = peak, self.start_total
             running = self.tracker.running
             phase.at = module_label(*running) if running else None
+            phase.site = self.tracker.site
         if self.mark is not None:
             self.mark.__exit__(None, None, None)
             self.mark = None
@@ -1261,6 +1280,8 @@ def print_report(setup: Setup, phases: dict[str, Phase], checks: list[Checks], i
             if value:
                 print(f"  {label:<24}{value / GB:>9.2f} GB")
         print(f"  {'peak':<24}{phase.total / GB:>9.2f} GB" + (f"  at {phase.at}" if phase.at else ""))
+        if phase.site:
+            print(f"  {'issued by':<24}{phase.site}")
     for c in checks:
         where = "fake CUDA, unsharded" if c.cuda else "fake CPU, sharded"
         reads = sum(c.syncs.values())
@@ -1287,7 +1308,15 @@ def as_json(setup: Setup, phases: dict[str, Phase], checks: list[Checks], info: 
         "world": setup.world,
         "prompt_tokens": int(setup.encoded["input_ids"].shape[1]),
         "phases": {
-            p.name: {"device": p.device, "peak": p.peak, "start": p.start, "rise": p.rise, "count": p.count, "at": p.at}
+            p.name: {
+                "device": p.device,
+                "peak": p.peak,
+                "start": p.start,
+                "rise": p.rise,
+                "count": p.count,
+                "at": p.at,
+                "site": p.site,
+            }
             for p in phases.values()
         },
         "findings": [{**dataclasses.asdict(f), "class": classify(f)} for c in checks for f in c.findings],
