@@ -16,7 +16,7 @@ import pytest
 from omni_rl.cli import main
 from omni_rl.evaluation import curate
 from omni_rl.preprocess.motion import write_motion_qa
-from omni_rl.preprocess.rows import Row, read_rows
+from omni_rl.preprocess.rows import Row, read_rows, resolve_media_path
 
 MEDIA = ["media.fps=null", "media.nframes=16", "media.video_min_pixels=3136", "media.video_max_pixels=3136"]
 SETS = [flag for m in MEDIA for flag in ("--set", m)]
@@ -40,6 +40,17 @@ def test_a_row_without_media_keeps_its_question_and_options():
     row = Row("r1", question, "multiple_choice", "A", videos=("a.mp4",), fields=fields)
     record = curate.without_media(row)
     assert record == {"id": "r1", "problem": "In which square flashes first?", "options": options, "answer": "A"}
+
+
+def test_written_rows_name_their_media_from_where_they_are_written(tmp_path):
+    data = tmp_path / "data"
+    record = {"id": "r1", "videos": ["media/a.mp4", "/abs/b.mp4"], "images": ["c.png"], "answer": "A"}
+    assert curate.moved(record, data, data) == record  # --out the data's own directory
+    above = curate.moved(record, data, tmp_path)  # --out one above it: still relative
+    assert above["videos"] == ["data/media/a.mp4", "/abs/b.mp4"] and above["images"] == ["data/c.png"]
+    beside = curate.moved(record, data, tmp_path / "curated")  # relative ones would climb out
+    assert beside["videos"] == [str(data.resolve() / "media/a.mp4"), "/abs/b.mp4"]
+    assert beside["id"] == "r1" and beside["answer"] == "A"
 
 
 def test_a_progress_line_cut_short_is_left_out(tmp_path):
@@ -105,6 +116,11 @@ def test_rows_answered_from_their_wording_leave_the_set(tmp_path, clips, tiny, m
     kept, dropped = (read_rows(out / name)[0] for name in ("kept.jsonl", "dropped.jsonl"))
     assert sorted(r.id.rsplit("-", 1)[1] for r in dropped) == ["direction"] * 3
     assert len(kept) == 9 and all(r.videos for r in kept)  # kept rows keep their media
+    # --out lies beside the data, not above it: the media are named by absolute paths,
+    # which a training run admits under media.media_root (the data's directory)
+    for row in kept + dropped:
+        for path in row.videos:
+            assert resolve_media_path(path, out, clips.parent).samefile(clips.parent / "media" / Path(path).name)
     rates = [json.loads(line)["text_only_pass_rate"] for line in (out / "dropped.jsonl").read_text().splitlines()]
     assert rates == [1.0] * 3
     report = json.loads((out / "report.json").read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,21 +186,50 @@ def curate(
     bar.close()
     result = report(rows, done, rule, refused_rows=len(refused))
     if where.is_main:
-        _write_split(out, rows, done, rule)
+        _write_split(out, rows, done, rule, Path(data).parent)
         (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
 
-def _write_split(out: Path, rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty) -> None:
+def _write_split(out: Path, rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, root: Path) -> None:
+    """``kept.jsonl`` and ``dropped.jsonl``, their media named from ``out`` (``moved``)."""
     kept, dropped = [], []
     for row in rows:
         rate = done.get(row.id, {}).get("pass_rate")
+        record = moved(row.fields, root, out)
         if rate is not None and rule.drops(rate):
-            dropped.append({**row.fields, rule.rate_key: rate})
+            dropped.append({**record, rule.rate_key: rate})
         else:
-            kept.append(row.fields)
+            kept.append(record)
+    outside = {p for r in kept + dropped for field in MEDIA_FIELDS for p in r.get(field, ()) if Path(p).is_absolute()}
+    if outside:
+        log.warning(
+            "%s: kept.jsonl and dropped.jsonl name %d media files outside %s by absolute paths (relative ones "
+            "would climb out of it): train on them with media.media_root: %s",
+            out,
+            len(outside),
+            out,
+            root.resolve(),
+        )
     for name, records in (("kept.jsonl", kept), ("dropped.jsonl", dropped)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def moved(record: dict, root: Path, out: Path) -> dict:
+    """``record``, a row of a dataset in ``root``, written into ``out``: each relative
+    media path rewritten to name the same file from there, relative where the file lies
+    under ``out`` (the dataset's own directory, or one above it), else absolute (a
+    dataset may name files outside its directory only by absolute paths under
+    ``media.media_root``). Absolute paths stay as they are."""
+    root, out = root.resolve(), out.resolve()
+
+    def path(p: str) -> str:
+        if Path(p).is_absolute():
+            return p
+        file = Path(os.path.normpath(root / p))
+        return str(file.relative_to(out)) if file.is_relative_to(out) else str(file)
+
+    return {k: [path(p) for p in v] if k in MEDIA_FIELDS and isinstance(v, list) else v for k, v in record.items()}
 
 
 def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, refused_rows: int = 0) -> dict:
