@@ -73,6 +73,45 @@ def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_quickstart_trains_grpo_on_the_rows_text_only_curation_keeps(tmp_path):
+    """``data.curate: text-only``: the cold start's model asked every GRPO training
+    question without its clip; GRPO trains on the rows kept, the summary holds the
+    drops against the decoy labels and held-out accuracy on decoys and the others."""
+    settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
+    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.curate=text-only") == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    data = tmp_path / "data"
+
+    def rows(name):
+        return [json.loads(line) for line in (data / name).read_text().splitlines()]
+
+    train, kept, dropped = rows("train/data.jsonl"), rows("kept.jsonl"), rows("dropped.jsonl")
+    rates = {r["id"]: r["pass_rate"] for r in rows("passes.jsonl")}
+    assert sorted(r["id"] for r in kept + dropped) == sorted(r["id"] for r in train) == sorted(rates)
+    assert all(rates[r["id"]] < 0.875 for r in kept) and all(rates[r["id"]] >= 0.875 for r in dropped)
+    assert all(path.startswith("train/media/") and (data / path).is_file() for r in kept for path in r["videos"])
+    grpo_config = (tmp_path / "grpo" / "config.yaml").read_text()
+    assert f"train: {data / 'kept.jsonl'}" in grpo_config
+    curation = summary["curation"]
+    assert curation["model"] == "the cold start's" and curation["rows"] == 16
+    assert curation["dropped"] == len(dropped) and curation["labelled"]["decoys"] == 5
+    assert curation["labelled"]["dropped_decoys"] == sum(1 for r in dropped if r.get("decoy"))
+    grounded, decoys = summary["per_label"]["grounded"], summary["per_label"]["decoys"]
+    assert (grounded["rows"], decoys["rows"]) == (6, 2)
+    assert grounded["sft"] * 6 + decoys["sft"] * 2 == pytest.approx(summary["overall"]["sft"] * 8)
+
+
+def test_quickstart_curation_settings_are_checked():
+    from omni_rl.config import FieldError
+    from omni_rl.demos.quickstart_config import QuickstartData
+
+    with pytest.raises(FieldError, match="none or text-only") as wrong:
+        QuickstartData(curate="difficulty")
+    with pytest.raises(FieldError, match="needs curate: text-only") as idle:
+        QuickstartData(curate_model="runs/probe/grpo/model")
+    assert (wrong.value.field_name, idle.value.field_name) == ("curate", "curate_model")
+
+
 def test_quickstart_with_an_unreachable_source_under_the_ucb_sampler(tmp_path):
     """GRPO's training set gains a fifth source whose questions no completion answers:
     neither the cold start nor the held-out set has them, and they score 0 whatever the

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from omni_rl.algorithms.stats import binomial_interval, paired_gain
@@ -23,7 +25,7 @@ from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
-from omni_rl.evaluation.curate import without_media
+from omni_rl.evaluation.curate import LABEL, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
@@ -118,10 +120,13 @@ def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None =
     return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
 
-def run_phases(cfg, train: Path, sft_rows: Path, heldout: Path, **tiny) -> tuple[dict, dict]:
+def run_phases(
+    cfg, train: Path, sft_rows: Path, heldout: Path, grpo_rows: Callable[[Path], Path] | None = None, **tiny
+) -> tuple[dict, dict]:
     """Cache every split, SFT on ``sft_rows``, evaluate on ``heldout``, GRPO on
-    ``train`` from the SFT checkpoint, evaluate again. Returns both evaluations.
-    ``cfg`` is a quickstart config (run, media, model, data, sft and grpo sections)."""
+    ``train`` (or on ``grpo_rows(the SFT model)``) from the SFT checkpoint, evaluate
+    again. Returns both evaluations. ``cfg`` is a quickstart config (run, media, model,
+    data, sft and grpo sections)."""
     out = Path(cfg.run.output_dir)
     budgets = Budgets.from_config(cfg.media)
     for data in (train, sft_rows, heldout):  # each split gets its cache index (sft's media are train's)
@@ -134,23 +139,33 @@ def run_phases(cfg, train: Path, sft_rows: Path, heldout: Path, **tiny) -> tuple
     sft_model = checkpoint.latest(out / "sft") / "model"
     after_sft = _held_out(cfg, sft_model, heldout_set)
 
-    # GRPO: from the SFT checkpoint, on the whole training set
-    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", train, model_path=str(sft_model), heldout=heldout, **tiny))
+    # GRPO: from the SFT checkpoint, on the whole training set or the rows chosen
+    rows = train if grpo_rows is None else grpo_rows(sft_model)
+    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", rows, model_path=str(sft_model), heldout=heldout, **tiny))
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
     return after_sft, after_rl
 
 
-def compare(heldout: Path, after_sft: dict, after_rl: dict) -> dict:
-    """Per data source and ``overall``: held-out rows, chance, accuracy after SFT and
-    after RL with 95% intervals (``*_ci95``), and the gain with the 95% interval of the
-    paired difference over the same questions. Rows scored in only one of the two
-    evaluations are left out of both."""
+def by_source(row: dict) -> str:
+    return row.get("data_source") or "unknown"
+
+
+def by_label(row: dict) -> str:
+    """``decoys`` (a question its wording answers) or ``grounded``."""
+    return "decoys" if row.get(LABEL) else "grounded"
+
+
+def compare(heldout: Path, after_sft: dict, after_rl: dict, group: Callable[[dict], str] = by_source) -> dict:
+    """Per group of rows (``group``: by data source) and ``overall``: held-out rows,
+    chance, accuracy after SFT and after RL with 95% intervals (``*_ci95``), and the
+    gain with the 95% interval of the paired difference over the same questions. Rows
+    scored in only one of the two evaluations are left out of both."""
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
     groups: dict[str, list[dict]] = {"overall": []}
     for row in rows:
         if row["id"] in before and row["id"] in after:
-            groups.setdefault(row.get("data_source") or "unknown", []).append(row)
+            groups.setdefault(group(row), []).append(row)
             groups["overall"].append(row)
     result = {}
     for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
@@ -183,9 +198,15 @@ def compare_table(compared: dict) -> str:
 
 def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, started: float, **extra) -> dict:
     """``summary.json`` (held-out accuracy after SFT and after RL, per problem type, and
-    per data source with chance, 95% intervals and the gain, ``extra``, seconds), curve
-    PNGs, and the comparison printed. ``heldout``: the held-out rows' dataset file."""
+    per data source with chance, 95% intervals and the gain; where some held-out rows
+    are decoys, the same for them and for the others, ``per_label``; ``extra``,
+    seconds), curve PNGs, and the comparison printed. ``heldout``: the held-out rows'
+    dataset file."""
     compared = compare(heldout, after_sft, after_rl)
+    labelled = compare(heldout, after_sft, after_rl, by_label)
+    if "decoys" in labelled:
+        labelled.pop("overall")
+        extra = {"per_label": labelled, **extra}
     summary = {
         "heldout_accuracy_sft": after_sft["accuracy"],
         "heldout_accuracy_rl": after_rl["accuracy"],
@@ -200,7 +221,7 @@ def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, sta
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plots(out)
-    print(compare_table(compared | {"overall": summary["overall"]}))
+    print(compare_table(compared | summary.get("per_label", {}) | {"overall": summary["overall"]}))
     return summary
 
 
@@ -230,13 +251,45 @@ def main(cfg: QuickstartConfig) -> dict:
     if d.unreachable_rows:  # after the cold start's rows are taken: GRPO's alone
         add_unreachable(train, d.unreachable_rows, cfg.run.seed)
         cfg = replace(cfg, grpo=scored_on_accuracy_alone(cfg.grpo, "numerical"))
-    after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout)
+    chosen = partial(curated, cfg, train, d.curate_model) if d.curate == "text-only" else None
+    after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout, chosen)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
     if d.decoy_every or d.sft_text_only:
         controls |= {"decoy_every": d.decoy_every, "sft_text_only": d.sft_text_only}
     if d.unreachable_rows:
         controls |= {"unreachable_rows": d.unreachable_rows, "sampler": cfg.grpo.data.sampler.type}
+    if d.curate != "none":
+        report = json.loads((train.parent.parent / "report.json").read_text())
+        controls |= {"curation": {"model": d.curate_model or "the cold start's", **_curation_figures(report)}}
     return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
+
+
+def curated(cfg, train: Path, model_dir: str | None, sft_model: Path) -> Path:
+    """``omni-rl curate text-only`` of the GRPO training rows ``train`` by the model in
+    ``model_dir`` (None: ``sft_model``), written into the data directory above ``train``
+    (so the kept rows name their clips by relative paths), and the kept rows cached.
+    Returns their file."""
+    from omni_rl.evaluation.curate import Asking, TextOnly, curate, report_table
+
+    budgets = Budgets.from_config(cfg.media)
+    out = train.parent.parent
+    model, processor = load(Path(model_dir) if model_dir else sft_model)
+    asking = Asking(temperature=cfg.grpo.rollout.temperature, max_new_tokens=cfg.grpo.rollout.max_new_tokens)
+    settings = cfg.grpo.rewards.settings()
+    result = curate(
+        model, processor, train, out, budgets, asking, TextOnly(), cfg.data.prompt_template, settings=settings
+    )
+    print(report_table(result))
+    kept = out / "kept.jsonl"
+    preprocess(kept, Path(cfg.run.output_dir) / "cache", budgets, workers=1, progress=False)
+    return kept
+
+
+def _curation_figures(report: dict) -> dict:
+    """What the summary keeps of a curation report: rows asked and dropped, and the
+    drops against the decoy labels where there are any."""
+    overall = report["overall"]
+    return {"rows": overall["rows"], "dropped": overall["dropped"], "labelled": report.get("labelled")}
 
 
 def _plots(out: Path) -> None:

@@ -65,6 +65,16 @@ class QuickstartData:
     """Share of the cold start's rows shown without their clip, the question alone, so
     the SFT model answers text-only prompts in form, as ``omni-rl curate text-only``
     asks them (0: every row with its clip)."""
+    curate: str = "none"
+    """``text-only``: before GRPO, ``omni-rl curate text-only`` asks each GRPO training
+    question without its clip of the cold start's model (or ``curate_model``): 8
+    answers at ``grpo.rollout.temperature``, and a row right in 7 or 8 of them leaves.
+    GRPO trains on the rows it keeps (``data/kept.jsonl``; the report, the drops and,
+    where there are decoys, recall and precision against their labels beside it, and in
+    the summary). ``none``: GRPO trains on every row."""
+    curate_model: str | None = None
+    """With ``curate: text-only``, the checkpoint directory of the model it asks
+    (default: the cold start's)."""
     unreachable_rows: int = 0
     """GRPO training rows of a fifth source, ``unreachable``: a training clip asked for a
     six-digit number no completion gives (numerical, scored on accuracy alone:
@@ -82,6 +92,8 @@ class QuickstartData:
         )
         require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
         require(self.unreachable_rows >= 0, "unreachable_rows", "must be >= 0")
+        require(self.curate in ("none", "text-only"), "curate", "must be none or text-only")
+        require(self.curate_model is None or self.curate != "none", "curate_model", "needs curate: text-only")
 
 
 @dataclass
