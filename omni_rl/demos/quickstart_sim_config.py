@@ -32,10 +32,11 @@ class QuickstartSimConfig:
     """The scripted expert's actions times this (below 1: a demonstrator slower than the
     task allows, whose clone RL can beat)."""
     env: SimEnvConfig = field(default_factory=lambda: SimEnvConfig(task="PushCube-v1", num_envs=16, backend="cpu"))
-    """The environments: 16 episodes an iteration (208 chunks), 150 iterations
-    (``trainer.steps``): the env steps of 8 envs for 300 iterations, in half the updates
-    on batches twice the size, which on 3 seeds of the Flow-SDE hybrid climbed where 8
-    envs peaked early and fell (docs/results/flow-ppo.md)."""
+    """The environments: 16 episodes an iteration (208 chunks), 250 iterations
+    (``trainer.steps``), 208,000 env steps. Batches twice the size of 8 envs' climbed on
+    3 seeds of the Flow-SDE hybrid where 8 envs peaked early and fell; 150 iterations
+    left 3 of 6 runs on a second machine under a gain of 0.15, and 250 lifted all six
+    (docs/results/flow-ppo.md)."""
     policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
     """The policy."""
     ppo: PPOConfig = field(
@@ -52,8 +53,8 @@ class QuickstartSimConfig:
     rate that keeps the cloned policy from drifting and decays (cosine, to a tenth) so
     the late steps refine rather than wander, and 20 steps that fit the critic
     before the actor moves."""
-    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=150, eval_every=25))
-    """The loop: 150 iterations, held-out success on ``eval_episodes`` seeds every 25."""
+    trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=250, eval_every=25))
+    """The loop: 250 iterations, held-out success on ``eval_episodes`` seeds every 25."""
     bc: BCConfig = field(default_factory=lambda: BCConfig(steps=500))
     """Behaviour cloning (its ``demos`` is the collected file)."""
 
