@@ -101,11 +101,29 @@ def test_quickstart_trains_grpo_on_the_rows_text_only_curation_keeps(tmp_path):
     assert grounded["sft"] * 6 + decoys["sft"] * 2 == pytest.approx(summary["overall"]["sft"] * 8)
 
 
+def test_quickstart_trains_grpo_without_the_labelled_decoys(tmp_path):
+    """``data.curate: labels``: the rows a perfect curator would drop (the decoys) leave,
+    and no others."""
+    settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
+    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.curate=labels") == 0
+    data = tmp_path / "data"
+    train = [json.loads(line) for line in (data / "train" / "data.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (data / "kept.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in kept] == [r["id"] for r in train if not r.get("decoy")] and len(kept) == 11
+    assert all((data / path).is_file() for r in kept for path in r["videos"])
+    assert f"train: {data / 'kept.jsonl'}" in (tmp_path / "grpo" / "config.yaml").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["curation"] == {"model": "the decoy labels", "rows": 16, "dropped": 5}
+    assert summary["per_label"]["decoys"]["rows"] == 2
+
+
 def test_quickstart_curation_settings_are_checked():
     from omni_rl.config import FieldError
     from omni_rl.demos.quickstart_config import QuickstartData
 
-    with pytest.raises(FieldError, match="none or text-only") as wrong:
+    with pytest.raises(FieldError, match="labels needs decoys"):
+        QuickstartData(curate="labels")
+    with pytest.raises(FieldError, match="none, text-only or labels") as wrong:
         QuickstartData(curate="difficulty")
     with pytest.raises(FieldError, match="needs curate: text-only") as idle:
         QuickstartData(curate_model="runs/probe/grpo/model")

@@ -25,7 +25,7 @@ from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
-from omni_rl.evaluation.curate import LABEL, without_media
+from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
@@ -252,15 +252,20 @@ def main(cfg: QuickstartConfig) -> dict:
         add_unreachable(train, d.unreachable_rows, cfg.run.seed)
         cfg = replace(cfg, grpo=scored_on_accuracy_alone(cfg.grpo, "numerical"))
     chosen = partial(curated, cfg, train, d.curate_model) if d.curate == "text-only" else None
-    after_sft, after_rl = run_phases(cfg, train, sft_rows, heldout, chosen)
+    grpo_rows = without_decoys(train) if d.curate == "labels" else train
+    after_sft, after_rl = run_phases(cfg, grpo_rows, sft_rows, heldout, chosen)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
     if d.decoy_every or d.sft_text_only:
         controls |= {"decoy_every": d.decoy_every, "sft_text_only": d.sft_text_only}
     if d.unreachable_rows:
         controls |= {"unreachable_rows": d.unreachable_rows, "sampler": cfg.grpo.data.sampler.type}
-    if d.curate != "none":
+    if d.curate == "text-only":
         report = json.loads((train.parent.parent / "report.json").read_text())
         controls |= {"curation": {"model": d.curate_model or "the cold start's", **_curation_figures(report)}}
+    if d.curate == "labels":
+        kept = len((train.parent.parent / "kept.jsonl").read_text().splitlines())
+        rows = len(train.read_text().splitlines())
+        controls |= {"curation": {"model": "the decoy labels", "rows": rows, "dropped": rows - kept}}
     return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
 
 
@@ -283,6 +288,16 @@ def curated(cfg, train: Path, model_dir: str | None, sft_model: Path) -> Path:
     kept = out / "kept.jsonl"
     preprocess(kept, Path(cfg.run.output_dir) / "cache", budgets, workers=1, progress=False)
     return kept
+
+
+def without_decoys(train: Path) -> Path:
+    """The GRPO training rows ``train`` less those labelled decoys, written into the data
+    directory above it as ``kept.jsonl`` (their clips named from there); returns it."""
+    out = train.parent.parent / "kept.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    kept = [moved(r, train.parent, out.parent) for r in rows if not r.get(LABEL)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return out
 
 
 def _curation_figures(report: dict) -> dict:

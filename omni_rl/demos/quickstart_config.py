@@ -71,7 +71,9 @@ class QuickstartData:
     answers at ``grpo.rollout.temperature``, and a row right in 7 or 8 of them leaves.
     GRPO trains on the rows it keeps (``data/kept.jsonl``; the report, the drops and,
     where there are decoys, recall and precision against their labels beside it, and in
-    the summary). ``none``: GRPO trains on every row."""
+    the summary). ``labels``: the rows the generator labels decoys leave, and no others
+    (what a curator that finds every decoy and nothing else would keep: the value of
+    the curation itself). ``none``: GRPO trains on every row."""
     curate_model: str | None = None
     """With ``curate: text-only``, the checkpoint directory of the model it asks
     (default: the cold start's)."""
@@ -92,8 +94,9 @@ class QuickstartData:
         )
         require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
         require(self.unreachable_rows >= 0, "unreachable_rows", "must be >= 0")
-        require(self.curate in ("none", "text-only"), "curate", "must be none or text-only")
-        require(self.curate_model is None or self.curate != "none", "curate_model", "needs curate: text-only")
+        require(self.curate in ("none", "text-only", "labels"), "curate", "must be none, text-only or labels")
+        require(self.curate_model is None or self.curate == "text-only", "curate_model", "needs curate: text-only")
+        require(self.curate != "labels" or self.decoy_every > 0, "curate", "labels needs decoys (decoy_every)")
 
 
 @dataclass
