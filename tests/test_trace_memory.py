@@ -3,11 +3,12 @@ on real CPU tensors, and its checks on fake CUDA tensors."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -71,15 +72,13 @@ def test_the_trace_shards_over_two_ranks(tmp_path):
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("trace_memory", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_memory"] = module
-    sys.path.insert(0, str(TOOL.parent))  # its torch_private beside it
+    """The tracer's modules beside it in tools/ (checks, values, phases), as one namespace."""
+    sys.path.insert(0, str(TOOL.parent))
     try:
-        spec.loader.exec_module(module)
+        modules = [importlib.import_module(name) for name in ("fake_values", "trace_checks", "trace_phases")]
     finally:
         sys.path.remove(str(TOOL.parent))
-    return module
+    return SimpleNamespace(**{k: v for m in modules for k, v in vars(m).items() if not k.startswith("_")})
 
 
 def run_checked(tool, fn, bf16: bool = False, decode: bool = False):

@@ -45,6 +45,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from fake_values import ROOT, KnownValues, TensorsFromTensors, eager_masks
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch_private import (
     Propagation,
@@ -55,20 +56,8 @@ from torch_private import (
     no_dispatch,
     tolist_answered_by,
 )
-from trace_memory import (
-    GB,
-    KINDS,
-    ROOT,
-    KnownValues,
-    Phases,
-    TensorsFromTensors,
-    eager_masks,
-    kernel_of,
-    model_json,
-    provenance,
-    rank0_row,
-    tracker_for,
-)
+from trace_inputs import kernel_of, model_json
+from trace_phases import Phases, phases_json, print_peak, print_phases, provenance, rank0_row, tracker_for
 
 
 @dataclasses.dataclass
@@ -353,22 +342,11 @@ def print_report(setup: Pi0Setup, phases: dict, info: dict, seconds: float) -> N
         f"{math.ceil(chunks_per_rank / cfg.ppo.minibatches)} chunks; BC "
         f"{cfg.bc.batch_size // setup.world} rows"
     )
-    for phase in phases.values():
-        start = phase.start / GB
-        print(f"\nphase {phase.name}: {phase.count}x, {phase.seconds:.1f} s; live at its start {start:.2f} GB")
-        shown: dict = {}
-        for key, name in KINDS:
-            shown[name] = shown.get(name, 0) + phase.peak.get(key, 0)
-        for name, value in shown.items():
-            if value:
-                print(f"  {name:<24}{value / GB:>9.2f} GB")
-        print(f"  {'peak':<24}{phase.total / GB:>9.2f} GB")
+    print_phases(phases)
     if info["unknown_reads"]:
         print(f"\nvalues read that no input determines (read as 0): {sum(info['unknown_reads'].values())}")
     print(f"\ntraced in {seconds:.0f} s on fake tensors (no weights, no GPU); the simulator's own memory not included")
-    heaviest = max(phases.values(), key=lambda phase: phase.total)
-    print(f"heaviest phase: {heaviest.name}")
-    print(f"peak per rank = {heaviest.total / GB:.2f} GB")
+    print_peak(phases)
 
 
 def main(cfg, args) -> None:
@@ -399,7 +377,7 @@ def main(cfg, args) -> None:
         figures = {
             "provenance": provenance(),
             "world": world,
-            "phases": {p.name: {"peak": p.peak, "start": p.start, "count": p.count} for p in phases.values()},
+            "phases": phases_json(phases),
             "info": {k: v for k, v in info.items() if k != "unknown_reads"},
         }
         args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
