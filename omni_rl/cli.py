@@ -346,7 +346,11 @@ CURATE_ARGS = (
         metavar="B",
         help="prompts answered together (default: 8; 1 or 2 for a 7B model on long videos)",
     ),
-    arg("--config", metavar="FILE", help="a config whose media, data, rewards and rollout.temperature apply"),
+    arg(
+        "--config",
+        metavar="FILE",
+        help="a config whose media, data, rewards, rollout.temperature and rollout.engine (vllm: GPUs) apply",
+    ),
     overrides("--set rollout.temperature=0.7"),
 )
 
@@ -400,6 +404,7 @@ def _curate(args: argparse.Namespace, rule) -> int:
     from omni_rl.models import load
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
+    from omni_rl.rollout import build_rollout_engine
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
     if args.samples < 1:
@@ -412,12 +417,14 @@ def _curate(args: argparse.Namespace, rule) -> int:
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
     rollout, rewards = sections.get("rollout"), sections.get("rewards")
-    if rollout is not None and rollout.engine != "hf":
-        raise OmniRLError(f"curate: rollout.engine {rollout.engine} is not supported yet; the hf engine answers")
     set_threads(run.threads)
     device = resolve_device(run.device)
     distributed.init(device.type)
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
+    engine = None
+    if rollout is not None and rollout.engine != "hf":  # vllm: it answers, loaded from the same checkpoint
+        engine = build_rollout_engine(cfg, model, processor, model.omni_rl_stored.path, Path(args.out))
+        engine.load_weights(model)
     asking = Asking(
         samples=args.samples,
         temperature=rollout.temperature if rollout is not None else 1.0,
@@ -436,6 +443,8 @@ def _curate(args: argparse.Namespace, rule) -> int:
         dict(data.columns),
         rewards.settings() if rewards is not None else None,
         cache=data.cache,
+        engine=engine,
+        seed=run.seed,
     )
     if distributed.ranks().is_main:
         print(report_table(result))

@@ -263,3 +263,41 @@ def test_difficulty_bounds_are_checked(tmp_path, clips, tiny, capsys):
     base = ["curate", "difficulty", str(clips), "--model", str(tiny), "--out", str(tmp_path)]
     assert main([*base, "--low", "0.5", "--high", "0.5"]) == 2
     assert "--low 0.5 and --high 0.5 must satisfy 0 <= low < high <= 1" in capsys.readouterr().err
+
+
+def test_an_engine_answers_each_row_with_a_seed_of_its_own(clips, tiny):
+    """The engine path (vLLM's, here the hf engine's ``rollout``): each row is sampled
+    with a seed from the run's seed and its index, so a row's answers are the same
+    whichever share or call asks it, and another run seed changes them."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.evaluation.answer import answer_rows
+    from omni_rl.models import load
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.recipe_loader import load_config
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    model, processor = load(tiny)
+    cfg = load_config(None, MEDIA, recipe="grpo")
+    dataset = MediaDataset(clips, Budgets.from_config(cfg.media), cache_mode="no_cache")
+    engine = HFRolloutEngine(model, processor)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+
+    def answers(indices, seed=0):
+        got, failures = answer_rows(model, processor, dataset, sampling, 3, indices, 1, False, engine, seed)
+        assert failures == []
+        return {sample.id: texts for sample, texts in got}
+
+    whole = answers(list(range(6)))
+    assert len(whole) == 6 and all(len(texts) == 3 for texts in whole.values())
+    assert answers([0, 2, 4]) | answers([5, 3, 1]) == whole  # two ranks' shares, any order
+    other = answers(list(range(6)), seed=1)
+    assert other.keys() == whole.keys() and other != whole
+
+
+def test_the_vllm_engine_says_what_it_needs(tmp_path, clips, tiny, capsys):
+    """On a machine without vllm or a GPU the engine's own error comes back, before any
+    row is asked."""
+    base = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(tmp_path / "out"), *SETS]
+    assert main([*base, "--set", "rollout.engine=vllm"]) == 2
+    assert "rollout.engine 'vllm' needs" in capsys.readouterr().err
+    assert not (tmp_path / "out" / curate.PASSES).exists()

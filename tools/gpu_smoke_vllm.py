@@ -18,6 +18,8 @@ trainer (bf16-mixed, fp32 master weights):
   lora                adapter-only sync: log-prob parity before and after 3 steps
   grpo_steps          two GRPO steps through `omni-rl train` with rollout.engine vllm, an
                       over-long prompt skipped and counted
+  curate              `omni-rl curate text-only` with rollout.engine vllm: every row asked
+                      once, 4 answers each
   memory              GPU memory used after init, rollout, sleep, update and wake
 Exit status 1 if any check fails. CI never runs it (it needs CUDA and vllm).
 """
@@ -295,6 +297,32 @@ def check_grpo_steps(work: Path, model_dir: Path, encoded):
     return len(rows) == 2 and skipped > 0, detail
 
 
+def check_curate(work: Path, model_dir: Path):
+    """``omni-rl curate text-only`` answered by vLLM, in its own process: every row asked
+    and written once, the report's rows those of the data."""
+    from omni_rl.preprocess.scenes import write_video_qa
+
+    data = write_video_qa(work / "qa_curate", videos=8, seed=1, seconds=2.0)
+    out = work / "curate_vllm"
+    command = [
+        sys.executable, "-m", "omni_rl", "curate", "text-only", str(data), "--model", str(model_dir),
+        "--out", str(out), "--samples", "4", "--max-new-tokens", "16", "--config",
+        str(ROOT / "configs/gpu_check_grpo_3b.yaml"), "--set", f"model.path={model_dir}", "--set",
+        "rollout.engine=vllm", "--set", "rollout.vllm.max_model_len=4096", "--set",
+        "rollout.max_prompt_length=3968", "--set", "rollout.vllm.gpu_memory_utilization=0.25",
+    ]  # fmt: skip
+    start = time.time()
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        return False, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    rows = len(data.read_text().splitlines())
+    asked = [json.loads(line) for line in (out / "passes.jsonl").read_text().splitlines()]
+    report = json.loads((out / "report.json").read_text())
+    detail = f"{len(asked)} of {rows} rows asked in {time.time() - start:.0f} s, {report['overall']['dropped']} dropped"
+    ok = len(asked) == len({a["id"] for a in asked}) == rows == report["overall"]["rows"]
+    return ok and all(len(a["answers"]) == 4 for a in asked), detail
+
+
 def probe_lengths(data: Path, model_dir: Path) -> list[int]:
     """Prompt token counts of the synthetic rows under the GRPO config's media settings."""
     from omni_rl.data.dataset import encode_sample
@@ -361,6 +389,7 @@ def main() -> int:
     run_check("lora", check_logprob_parity, lora_rollout, lora_engine, processor, samples, encoded, cfg, "LoRA")
     lora_rollout.sleep()
     run_check("grpo_steps", check_grpo_steps, args.work, model_dir, encoded)
+    run_check("curate", check_curate, args.work, model_dir)
     failed = [name for name, ok, _ in RESULTS if not ok]
     print(f"gpu_smoke_vllm: {len(RESULTS) - len(failed)} passed, {len(failed)} failed {failed if failed else ''}")
     return 1 if failed else 0

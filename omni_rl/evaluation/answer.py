@@ -10,6 +10,7 @@ from omni_rl.data.dataset import MediaDataset, Sample
 from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.models.inputs import collate_prompts
+from omni_rl.rollout import prompt_seed
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
 
@@ -22,6 +23,8 @@ def answer_rows(
     indices: list[int] | None = None,
     batch_prompts: int = 8,
     progress: bool = True,
+    engine=None,
+    seed: int = 0,
 ) -> tuple[list[tuple[Sample, list[str]]], list[RowFailure]]:
     """``samples`` completions for each row of ``dataset`` (or of ``indices``), and a
     failure (file, row, reason) for every bad row: media that do not decode, a prompt
@@ -32,6 +35,10 @@ def answer_rows(
         sampling: greedy (temperature 0) or sampled, and the longest answer.
         indices: the rows to answer (under torchrun: this rank's share); None: all.
         batch_prompts: prompts generated together (one left-padded batch).
+        engine: a rollout engine (``omni_rl.rollout``, loaded with the model's weights)
+            that answers instead of the model itself: vLLM. Each row is then sampled
+            with its own seed, from ``seed`` and the row's index (``prompt_seed``), so its
+            answers do not depend on the rank or batch it falls in.
 
     Returns:
         ``(sample, its samples completions)`` per answered row in ``indices`` order,
@@ -39,14 +46,14 @@ def answer_rows(
 
     Under torchrun a rank short of batches answers filler batches (``lockstep``), and a
     batch of bad rows answers a usable row instead; their answers are dropped."""
-    engine = HFRolloutEngine(model, processor)
+    hf = HFRolloutEngine(model, processor) if engine is None else None
     indices = list(range(len(dataset))) if indices is None else indices
     batches = [indices[s : s + batch_prompts] for s in range(0, len(indices), batch_prompts)]
     synced = distributed.ranks().distributed
     answered, failures = [], []
     work = distributed.lockstep(batches, filler=lambda: [usable_row(dataset, processor)])
     for batch, real in tqdm(work, desc="eval", unit="batch", disable=not progress):
-        rows, encoded = [], []
+        rows, encoded, asked = [], [], []
         for i in batch:
             got = dataset.encoded(i, processor)
             if got is None:
@@ -54,12 +61,20 @@ def answer_rows(
                 continue
             rows.append(got[0])
             encoded.append(got[1])
-        if not encoded and synced:  # the other ranks generate now: so does this one
-            encoded = [dataset.encoded(usable_row(dataset, processor), processor)[1]]
+            asked.append(i)
+        prompts = rows
+        if not encoded and synced:  # the other ranks generate now: so does this one (answers dropped)
+            asked = [usable_row(dataset, processor)]
+            filler, inputs = dataset.encoded(asked[0], processor)
+            prompts, encoded = [filler], [inputs]
         if not encoded:
             continue
         with torch.no_grad():
-            texts = engine.generate(collate_prompts(encoded, processor.tokenizer.pad_token_id), samples, sampling).texts
+            if hf is not None:
+                texts = hf.generate(collate_prompts(encoded, processor.tokenizer.pad_token_id), samples, sampling).texts
+            else:
+                seeds = [prompt_seed(seed, i, samples) for i in asked]
+                texts = engine.rollout(prompts, encoded, samples, sampling, seeds).texts
         if real:
             answered += [(s, texts[i * samples : (i + 1) * samples]) for i, s in enumerate(rows)]
     return answered, failures

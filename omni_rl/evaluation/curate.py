@@ -124,13 +124,17 @@ def curate(
     settings: RewardSettings | None = None,
     cache: str | None = None,
     progress: bool = True,
+    engine=None,
+    seed: int = 0,
 ) -> dict:
     """Ask every row of ``data`` as ``rule`` says (without its media for ``TextOnly``;
     with them, from ``cache`` where it holds them, for ``Difficulty``); write to
     ``out``: ``kept.jsonl`` (the rows the rule keeps, media and all), ``dropped.jsonl``
     (the others, each with its pass rate under ``rule.rate_key``), ``passes.jsonl``
     (the progress, one line per row) and ``report.json``; returns the report
-    (``report`` below). Rows already in ``passes.jsonl`` are not asked again."""
+    (``report`` below). Rows already in ``passes.jsonl`` are not asked again.
+    ``engine``: a rollout engine that answers instead of the model (vLLM), each row
+    sampled with a seed from ``seed`` and its index (``answer_rows``)."""
     out = Path(out)
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
@@ -164,7 +168,7 @@ def curate(
         mine = chunk[where.rank :: where.world_size]
         # a row whose prompt or media do not encode is logged by the dataset, kept and counted unasked
         answered, failures = answer_rows(
-            model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, progress=False
+            model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, False, engine, seed
         )
         answers, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]

@@ -8,7 +8,6 @@ log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders i
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -48,7 +47,7 @@ from omni_rl.recipes.common import (
 from omni_rl.recipes.grpo_config import GRPOConfig
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
-from omni_rl.rollout import build_rollout_engine
+from omni_rl.rollout import build_rollout_engine, prompt_seed
 from omni_rl.rollout.hf import SamplingParams, concat_rollouts, replace_completions, select_groups
 
 _log = logging.getLogger(__name__)
@@ -67,17 +66,6 @@ class Batch:
     encoded: list[dict]
     seeds: list[int]
     filler: bool = False
-
-
-def prompt_seed(seed: int, drawn: int, n: int) -> int:
-    """The sampling seed of the prompt that is the run's ``drawn``-th draw (the
-    sampler's counter, saved in checkpoints): the same on whichever rank rolls it out,
-    and distinct for every draw, also for a row drawn twice in one call or after a
-    resume. Engines seed completion g of the group with seed + g (vLLM's rule for its
-    child requests), so seeds step by the group size ``n`` and no two completions of a
-    run share one (below 2**62 draws)."""
-    offset = int.from_bytes(hashlib.blake2b(f"omni_rl-seed-{seed}".encode(), digest_size=8).digest(), "little")
-    return (offset % 2**61 + drawn * n) % 2**62
 
 
 def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, max_prompt: int) -> Batch:
