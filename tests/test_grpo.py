@@ -628,15 +628,60 @@ def test_offline_answers_replace_completions_cut_to_the_limit():
     sampled = Rollouts(
         ids, mask, -torch.ones(4, 3), torch.tensor([2, 3, 2, 3]), ["stop"] * 3 + ["length"], ["a", "b", "c", "d"], 2
     )
-    mixed = replace_completions(sampled, {1: [9, 9, 9, 9, 2]}, {1: "offline"}, pad_id=0, limit=6)
+
+    def decode(tokens):
+        return "".join(chr(ord("a") + t) for t in tokens if t != 2)
+
+    mixed = replace_completions(sampled, {1: [9, 9, 9, 9, 2]}, decode, pad_id=0, limit=6)
     assert mixed.completion_ids.tolist() == [[5, 2, 0, 0, 0], [9, 9, 9, 9, 2], [7, 2, 0, 0, 0], [8, 8, 8, 0, 0]]
     assert mixed.completion_mask[1].tolist() == [1] * 5 and mixed.lengths.tolist() == [2, 5, 2, 3]
     assert mixed.logprobs[1].tolist() == [0.0] * 5 and mixed.logprobs[0, :2].tolist() == [-1.0, -1.0]
-    assert mixed.replaced.tolist() == [False, True, False, False] and mixed.texts[1] == "offline"
+    assert mixed.replaced.tolist() == [False, True, False, False] and mixed.texts[1] == "jjjj"
     assert mixed.finish_reasons == ["stop", "stop", "stop", "length"]
-    cut = replace_completions(sampled, {2: [9, 9, 9, 9, 2]}, {2: "long"}, pad_id=0, limit=3)
+    cut = replace_completions(sampled, {2: [9, 9, 9, 9, 2]}, decode, pad_id=0, limit=3)
     assert cut.completion_ids[2].tolist() == [9, 9, 9] and cut.finish_reasons[2] == "length"
+    assert cut.texts[2] == "jjj"  # the text of the tokens kept
     assert sampled.replaced.tolist() == [False] * 4  # nothing replaced: all sampled
+
+
+def test_a_cut_offline_answer_is_scored_as_the_tokens_kept(monkeypatch):
+    """An offline answer longer than max_new_tokens is trained on its first tokens only:
+    it is scored on the text of those tokens (a prefix without ``</answer>``), not on the
+    whole answer, and counted as cut."""
+    from omni_rl.data.dataset import Sample
+    from omni_rl.models.tokenizer import byte_level_tokenizer
+    from omni_rl.rewards import RewardResult
+    from omni_rl.rollout.hf import Rollouts
+
+    tokenizer = byte_level_tokenizer(["<|endoftext|>", "<|im_end|>"], eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    scored_texts = []
+
+    def whole_answers_score(samples, texts, n, cfg):
+        scored_texts.extend(texts)
+        return [RewardResult(float(t.endswith("</answer>")), 0.0, 0.0) for t in texts]
+
+    monkeypatch.setattr(grpo, "_score", whole_answers_score)
+    overrides = ["data.train=x", "rollout.n=2", "rollout.max_new_tokens=12", "algorithm.offline_responses=always"]
+    cfg = load_config(None, overrides, recipe="grpo")
+    fields = {"offline_response": "<answer>B</answer>"}  # 18 bytes: cut at 12
+    samples = [Sample("a", "multiple_choice", "B", [], fields=fields), Sample("b", "multiple_choice", "B", [])]
+    sampled = Rollouts(
+        torch.zeros(4, 2, dtype=torch.long),
+        torch.ones(4, 2),
+        torch.zeros(4, 2),
+        torch.full((4,), 2),
+        ["stop"] * 4,
+        ["x"] * 4,
+        2,
+    )
+    before = [RewardResult(0.0, 0.0, 0.0)] * 4
+    mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
+    rollouts, scored = grpo._mix_offline(samples, sampled, before, tokenizer, cfg, mixed)
+    assert rollouts.texts[1] == "<answer>B</a" and scored_texts == ["<answer>B</a"]
+    assert scored[1].score == 0.0 and rollouts.finish_reasons[1] == "length"
+    assert mixed == {"groups": 2, "offline": 1, "offline_reward": 0.0, "offline_cut": 1}
+    metrics = grpo._offline_metrics(mixed, "always")
+    assert metrics["offline/cut_share"] == 1.0 and metrics["offline/reward_mean"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -113,18 +114,20 @@ def _mix_offline(samples: list[Sample], rollouts, scored: list, tokenizer, cfg: 
     mixed["groups"] += len(samples)
     if not chosen:
         return rollouts, scored
-    texts = {p * n + n - 1: str(samples[p].fields["offline_response"]) for p in chosen}
     ids = {
-        row: tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        for row, text in texts.items()
+        p * n + n - 1: tokenizer(str(samples[p].fields["offline_response"]), add_special_tokens=False)["input_ids"]
+        + [tokenizer.eos_token_id]
+        for p in chosen
     }
-    rollouts = replace_completions(rollouts, ids, texts, tokenizer.pad_token_id, cfg.rollout.max_new_tokens)
-    results = _score([samples[p] for p in chosen], list(texts.values()), 1, cfg)
+    decode = partial(tokenizer.decode, skip_special_tokens=True)
+    rollouts = replace_completions(rollouts, ids, decode, tokenizer.pad_token_id, cfg.rollout.max_new_tokens)
+    results = _score([samples[p] for p in chosen], [rollouts.texts[row] for row in ids], 1, cfg)
     scored = list(scored)
-    for row, result in zip(texts, results, strict=True):
+    for row, result in zip(ids, results, strict=True):
         scored[row] = result
     mixed["offline"] += len(chosen)
     mixed["offline_reward"] += sum(r.score for r in results)
+    mixed["offline_cut"] += sum(rollouts.finish_reasons[row] == "length" for row in ids)
     return rollouts, scored
 
 
@@ -263,13 +266,17 @@ def _advantages(rewards: torch.Tensor, filler: bool, cfg: GRPOConfig) -> torch.T
 
 def _offline_metrics(mixed: dict, mode: str) -> dict:
     """Over every rank: the share of scored groups that took an offline answer, and
-    the mean reward of those answers (``algorithm.offline_responses``)."""
+    the mean reward of those answers and the share of them cut at ``max_new_tokens``
+    (``algorithm.offline_responses``)."""
     if mode == "never":
         return {}
-    groups, offline, reward = distributed.all_sum([mixed["groups"], mixed["offline"], mixed["offline_reward"]])
+    groups, offline, reward, cut = distributed.all_sum(
+        [mixed["groups"], mixed["offline"], mixed["offline_reward"], mixed["offline_cut"]]
+    )
     row = {"offline/groups_share": offline / max(groups, 1)}
     if offline:
         row["offline/reward_mean"] = reward / offline
+        row["offline/cut_share"] = cut / offline
     return row
 
 
@@ -323,7 +330,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}  # bad rows: the dataset counts
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
-        mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0}
+        mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
         batch, rollouts, results, rewards = _collect(
             dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, timer
         )

@@ -23,6 +23,7 @@ gets the tokens it gets in one process with the whole batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -296,18 +297,19 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
 
 
 def replace_completions(
-    rollouts: Rollouts, ids: dict[int, list[int]], texts: dict[int, str], pad_id: int, limit: int
+    rollouts: Rollouts, ids: dict[int, list[int]], decode: Callable[[list[int]], str], pad_id: int, limit: int
 ) -> Rollouts:
     """``rollouts`` with the completions of rows ``ids`` (row -> token ids ending in the
-    stop token; ``texts``: row -> text) in place of the sampled ones, cut at ``limit``
-    tokens (finish reason 'length' where cut) and marked ``offline``: their behaviour
-    log-probs are unknown, left 0 here, and taken as the trainer's own."""
+    stop token) in place of the sampled ones, cut at ``limit`` tokens (finish reason
+    'length' where cut) and marked ``offline``; each one's text is ``decode`` of the
+    tokens kept, so a cut answer is scored as the prefix it is trained on. Their
+    behaviour log-probs are unknown, left 0 here, and taken as the trainer's own."""
     cut = {row: tokens[:limit] for row, tokens in ids.items()}
     width = max([rollouts.completion_ids.shape[1], *map(len, cut.values())])
     completion_ids = _widen(rollouts.completion_ids, width, pad_id)
     mask, logprobs = _widen(rollouts.completion_mask, width, 0), _widen(rollouts.logprobs, width, 0.0)
     lengths = rollouts.lengths.clone()
-    reasons, new_texts, offline = list(rollouts.finish_reasons), list(rollouts.texts), rollouts.replaced.clone()
+    reasons, texts, offline = list(rollouts.finish_reasons), list(rollouts.texts), rollouts.replaced.clone()
     for row, tokens in cut.items():
         completion_ids[row] = pad_id
         completion_ids[row, : len(tokens)] = torch.tensor(tokens, device=completion_ids.device)
@@ -316,6 +318,6 @@ def replace_completions(
         logprobs[row] = 0.0
         lengths[row] = len(tokens)
         reasons[row] = "stop" if len(tokens) == len(ids[row]) else "length"
-        new_texts[row] = texts[row]
+        texts[row] = decode(tokens)
         offline[row] = True
-    return Rollouts(completion_ids, mask, logprobs, lengths, reasons, new_texts, rollouts.group_size, offline)
+    return Rollouts(completion_ids, mask, logprobs, lengths, reasons, texts, rollouts.group_size, offline)
