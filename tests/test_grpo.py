@@ -224,6 +224,49 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups(tmp_path, sh
     )  # 2 prompts x 4 completions trained on
 
 
+def test_ucb_hears_from_the_groups_dynamic_sampling_drops(tmp_path, shapes, monkeypatch):
+    """Two sources under the UCB sampler with dynamic sampling: every group of source
+    'flat' scores alike (it teaches nothing) and is dropped, every group of 'teaching'
+    differs. Each drawn 'flat' group still reaches the sampler, as |A| = 0 per
+    completion, so its window holds zeros rather than staying empty (or keeping an old
+    mean) while it keeps being drawn."""
+    from omni_rl.data.sampler import SourceUCBSampler
+    from omni_rl.rewards import RewardResult
+
+    rows = [json.loads(line) for line in shapes.read_text().splitlines()]
+    data = shapes.with_name("two_sources.jsonl")  # beside the clips
+    data.write_text(
+        "".join(json.dumps({**r, "data_source": ("flat", "teaching")[i % 2]}) + "\n" for i, r in enumerate(rows))
+    )
+
+    def flat_or_teaching(samples, texts, n, cfg):
+        return [RewardResult(float(s.data_source == "teaching" and g % 2), 0.0, 0.0) for s in samples for g in range(n)]
+
+    heard, samplers = [], []
+    observe, init = SourceUCBSampler.observe, SourceUCBSampler.__init__
+
+    def spy_observe(self, sources, magnitudes):
+        heard.extend(zip(sources, magnitudes, strict=True))
+        return observe(self, sources, magnitudes)
+
+    def spy_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        samplers.append(self)
+
+    monkeypatch.setattr(grpo, "_score", flat_or_teaching)
+    monkeypatch.setattr(SourceUCBSampler, "observe", spy_observe)
+    monkeypatch.setattr(SourceUCBSampler, "__init__", spy_init)
+    algorithm = {"dynamic_sampling": True, "max_resample_rounds": 1, "epochs": 1, "mini_batch_prompts": 0}
+    sections = {"algorithm": algorithm, "trainer": {"steps": 3, "save_every": 0}}
+    grpo.train(load_config(tiny_config(tmp_path, data, data={"sampler": {"type": "ucb", "window": 64}}, **sections)))
+    (sampler,) = samplers
+    drawn = dict(zip(sampler.names, sampler.counts, strict=True))
+    flat = [magnitude for source, magnitude in heard if source == "flat"]
+    assert drawn["flat"] > 0 and len(flat) == 4 * drawn["flat"] and set(flat) == {0.0}
+    teaching = [magnitude for source, magnitude in heard if source == "teaching"]
+    assert teaching and all(m > 0 for m in teaching)
+
+
 def test_shipped_tiny_config_runs_a_few_steps(tmp_path, shapes):
     config = Path(__file__).parent.parent / "configs" / "grpo_tiny_shapes.yaml"
     cfg = load_config(

@@ -137,11 +137,12 @@ def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, sk
     ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
     so that collectives stay in step); rows' offline answers are mixed into their
     groups first (``_mix_offline``, counted in ``mixed``). Returns (batch, rollouts,
-    results, rewards [B*G])."""
+    results, rewards [B*G], filtered: the data source of each completion of the groups
+    dynamic sampling dropped, which taught nothing)."""
     algo, n = cfg.algorithm, cfg.rollout.n
     want = per_rank(cfg.data.prompts_per_step, distributed.ranks(), "data.prompts_per_step")
     pad = processor.tokenizer.pad_token_id
-    samples, encoded, seeds, parts, results, rewards = [], [], [], [], [], []
+    samples, encoded, seeds, parts, results, rewards, filtered = [], [], [], [], [], [], []
     rounds = 0
     while True:
         short = distributed.all_max(want - len(samples))
@@ -166,6 +167,7 @@ def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, sk
             informative = informative_groups(reward, n)
             keep = [i for i in keep if informative[i]]
             skipped["groups_filtered"] += len(drawn.samples) - len(keep)
+            filtered += [drawn.samples[i].data_source for i in range(len(drawn.samples)) if not informative[i]] * n
         keep = keep[: want - len(samples)]  # a rank that is full rolls out only to stay in step
         rows = [i * n + g for i in keep for g in range(n)]
         samples += [drawn.samples[i] for i in keep]
@@ -181,7 +183,7 @@ def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, sk
         batch = Batch(drawn.samples[:1], drawn.encoded[:1], drawn.seeds[:1], filler=True)
         parts.append(select_groups(rollouts, [0]))
         rewards.append(reward[:n])
-    return batch, concat_rollouts(parts, pad), results, torch.cat(rewards)
+    return batch, concat_rollouts(parts, pad), results, torch.cat(rewards), filtered
 
 
 def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig, tis=None):
@@ -331,7 +333,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
         mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
-        batch, rollouts, results, rewards = _collect(
+        batch, rollouts, results, rewards, filtered = _collect(
             dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, timer
         )
         rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
@@ -355,12 +357,14 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         with timer("weight_sync"):  # wakes a sleeping engine with the new weights
             rollout.load_weights(engine.module)
         # LOG: every rank's rewards and diagnostics; a UCB sampler learns each source's
-        # absolute advantages (every rank's, in rank order: the same state on every rank)
+        # absolute advantages (every rank's, in rank order: the same state on every rank),
+        # a group dynamic sampling dropped counting |A| = 0 for each of its completions
         magnitudes = [] if batch.filler else advantages.abs().tolist()
         everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, strict=True)))
         columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], []]
         every_result, every_type, every_source, every_magnitude = columns
-        sampler.observe(every_source, every_magnitude)
+        every_filtered = distributed.gather_objects(filtered)
+        sampler.observe(every_source + every_filtered, every_magnitude + [0.0] * len(every_filtered))
         scores = reward_metrics(every_result, every_type, every_source) if everything else {}
         row = {
             "step": step + 1,
