@@ -104,3 +104,24 @@ def test_the_link_check_finds_a_broken_link(tmp_path):
     problems = broken_links(page, root=tmp_path)
     assert [p.split(":")[0] for p in problems] == ["missing.md", "../a.md#nowhere", "../../elsewhere.md"]
     assert "no file" in problems[0] and "no heading '#nowhere'" in problems[1] and "outside" in problems[2]
+
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+REPO_PATH = re.compile(r"\b(?:docs|tools|configs|omni_rl|examples|tests)/[\w./-]*\w\.(?:md|py|yaml|sh)\b")
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository files a text names by path (docs/..., tools/..., configs/...)."""
+    return REPO_PATH.findall(text)
+
+
+def test_the_path_check_finds_a_missing_file():
+    text = "# see docs/results/pi0-memory.md and docs/results/nowhere.md; run tools/gpu_check.sh.\n"
+    assert named_paths(text) == ["docs/results/pi0-memory.md", "docs/results/nowhere.md", "tools/gpu_check.sh"]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_file_a_config_names_exists(config):
+    """A shipped config's header points users at docs and tools: each must be there."""
+    missing = [path for path in named_paths(config.read_text()) if not (ROOT / path).exists()]
+    assert missing == []

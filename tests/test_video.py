@@ -161,3 +161,10 @@ def test_make_synthetic_media_tool_writes_a_dataset(tmp_path):
     assert not failures and len(rows) == 2 * 4 + 1 + 1
     assert {r.problem_type for r in rows} == {"multiple_choice", "counting", "temporal_grounding"}
     assert read_video(tmp_path / rows[0].videos[0]).total_frames == 20
+    motion = ["--out", str(tmp_path / "motion"), "--videos", "8", "--motion", "--decoy-every", "4"]
+    result = subprocess.run([sys.executable, str(tool), *motion], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows, failures = read_rows(result.stdout.strip())
+    assert not failures and len(rows) == 8 and {r.problem_type for r in rows} == {"multiple_choice"}
+    assert {r.fields["data_source"] for r in rows} == {f"video_{k}" for k in ("direction", "order", "count", "when")}
+    assert [bool(r.fields.get("decoy")) for r in rows] == [False, False, False, True] * 2

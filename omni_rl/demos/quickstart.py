@@ -1,12 +1,13 @@
 """The quickstart: a tiny VLM learns a synthetic video-QA task on a CPU, SFT then GRPO.
 
-It generates a video-QA set of moving shapes (direction, count, colour, entry time)
-with a held-out split, caches the media, builds a tiny Qwen2.5-VL, runs a short SFT
-cold start on part of the training set, evaluates on the held-out split, runs GRPO
-from the SFT checkpoint, evaluates again, and writes ``summary.json`` (held-out
-accuracy after SFT and after RL, per problem type, seconds) and curve PNGs. The two
-phases are the sft and grpo recipes run on the config's ``sft`` and ``grpo`` sections,
-filled with what the quickstart generates.
+It generates short clips of coloured squares, each with a two-option question that
+needs several frames (which way a square moves, which of two appears first, how many
+times one flashes, in which half one shows), with a held-out split; caches the media,
+builds a tiny Qwen2.5-VL, runs a short SFT cold start on part of the training set,
+evaluates on the held-out split, runs GRPO from the SFT checkpoint, evaluates again,
+and writes ``summary.json`` (held-out accuracy after SFT and after RL, per kind of
+question, seconds) and curve PNGs. The two phases are the sft and grpo recipes run on
+the config's ``sft`` and ``grpo`` sections, filled with what the quickstart generates.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from omni_rl.runtime import apply_run_settings
 
 
 def split_rows(data: Path, fraction: float, out: Path) -> Path:
-    """The first ``fraction`` of the rows, in whole fours (a video's four questions;
-    one of each audio kind)."""
+    """The first ``fraction`` of the rows, in whole fours (the kinds of question cycle
+    row by row, four of them in the video set and in the audio set: one of each kind)."""
     rows = data.read_text().splitlines()
     keep = max(4, int(len(rows) * fraction) // 4 * 4)
     out.write_text("\n".join(rows[:keep]) + "\n")
