@@ -118,13 +118,14 @@ def test_cameras_that_do_not_match_their_mask_are_refused(tiny_pi0):
         backbone.encode_prefix(**obs)
 
 
-def pi0_policy(tiny_pi0, **fields):
+def pi0_policy(tiny_pi0, env_action_dim=None, processor=None, layout=None, **fields):
     from omni_rl.config import build_section
     from omni_rl.models.flow_policy_config import FlowPolicyConfig
     from omni_rl.models.pi0 import Pi0FlowPolicy
 
     config = build_section(FlowPolicyConfig, {"horizon": 8, "executed": 5, "width": 32, **fields}, "policy")
-    policy = Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
+    backbone = Pi0Backbone.from_pretrained(tiny_pi0)
+    policy = Pi0FlowPolicy(config, backbone, processor=processor, layout=layout, env_action_dim=env_action_dim)
     policy.backbone.train_vlm(False)
     return policy
 
@@ -257,6 +258,71 @@ def test_the_bc_loss_is_pi0s_own_flow_matching_loss(tiny_pi0):
         pixel_attention_mask=obs.pixel_attention_mask,
     ).loss
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_the_bc_loss_on_fewer_env_numbers_is_pi0s_own_loss_over_them(tiny_pi0):
+    """An env of 3 numbers on the checkpoint's 8: PI0's own loss on the actions
+    zero-padded, the noise over all 8 numbers (as its forward, openpi and lerobot draw
+    it, and as sampling starts them), averaged over the env's 3 numbers of the real
+    steps (the last chunk cut by its episode's end)."""
+    policy = pi0_policy(tiny_pi0, env_action_dim=3)
+    obs = pi0_observations(policy)
+    generator = torch.Generator().manual_seed(4)
+    actions = torch.randn(3, 8, 3, generator=generator)
+    eps, t = torch.randn(3, 8, 8, generator=generator), torch.rand(3, generator=generator)
+    mask = torch.ones(3, 8)
+    mask[-1, 5:] = 0
+    ours = policy.bc_loss(obs, actions, mask, t, eps)
+    policy.backbone.model.config.loss_reduction = "none"
+    per_element = policy.backbone.model(
+        state=obs.state,
+        noise=eps,
+        timestep=t,
+        actions=torch.nn.functional.pad(actions, (0, 5)),
+        input_ids=obs.input_ids,
+        attention_mask=obs.attention_mask,
+        pixel_values=obs.pixel_values,
+        pixel_attention_mask=obs.pixel_attention_mask,
+    ).loss
+    assert per_element.shape == (3, 8, 8)
+    want = (per_element[..., :3] * mask[:, :, None]).sum() / (3 * mask.sum())
+    torch.testing.assert_close(ours, want, atol=1e-6, rtol=1e-5)
+
+
+def test_cloning_trains_the_input_columns_of_the_padded_numbers(tiny_pi0):
+    """Sampling starts every number of a chunk from N(0, 1), the checkpoint's padding
+    past the env's 2 included: behaviour cloning (``flow_ppo.cloning_loss``) noises
+    them too, so the action input projection's columns for them get gradient at every
+    step (with their noise at zero they got none, and their random weights moved the
+    env's velocity)."""
+    from transformers import AutoProcessor
+
+    from omni_rl.engine.config import AdamWConfig
+    from omni_rl.engine.engine import TrainingEngine
+    from omni_rl.recipes.flow_ppo import Demos, cloning_loss
+    from omni_rl.sim.pixel_targets import layout
+
+    processor = AutoProcessor.from_pretrained(tiny_pi0)
+    policy = pi0_policy(tiny_pi0, env_action_dim=2, processor=processor, layout=layout())
+    generator = torch.Generator().manual_seed(7)
+    obs = torch.randint(0, 256, (6, policy.encoder.layout.size), generator=generator).float()
+    obs[:, 3 * policy.encoder.layout.image_size**2] = torch.tensor([0.0, 1.0]).repeat(3)  # instruction indices
+    demos = Demos(obs, torch.randn(6, 8, 2, generator=generator), torch.ones(6, 8))
+    engine = TrainingEngine(
+        policy,
+        AdamWConfig(lr=1e-3),
+        torch.device("cpu"),
+        total_steps=3,
+        precision="fp32",
+        param_groups=lambda model: [{"params": model.actor_parameters()}],
+    )
+    weight = policy.backbone.model.embed_action_time.action_in_proj.weight  # [width, 8]
+    start = weight.detach().clone()
+    for _ in range(3):
+        engine.backward(cloning_loss(engine, demos, 4, generator))
+        assert weight.grad[:, :2].abs().sum() > 0 and weight.grad[:, 2:].abs().sum() > 0
+        engine.step()
+    assert (weight.detach() - start)[:, 2:].abs().min() > 0
 
 
 def test_one_prefix_per_observation_in_sampling_and_scoring(tiny_pi0):

@@ -401,13 +401,19 @@ class Pi0FlowPolicy(FlowPolicy):
         return drawn
 
     def bc_loss(self, obs, actions, mask, t=None, eps=None, count=None) -> torch.Tensor:
-        """``FlowPolicy.bc_loss`` on the env's action numbers: ``actions`` and ``eps``
-        [N, H, env numbers] are zero-padded to the checkpoint's, and the loss averages
-        over the env's numbers only."""
-        pad = self.action_dim - actions.shape[-1]
+        """``FlowPolicy.bc_loss`` on the env's action numbers: ``actions`` [N, H, env
+        numbers] are zero-padded to the checkpoint's, ``eps`` [N, H, checkpoint's
+        numbers] noises every number (sampling starts them all from N(0, 1); PI0's own
+        loss, openpi and lerobot draw it so), and the loss averages over the env's
+        numbers only."""
         t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
+        actions = torch.nn.functional.pad(actions, (0, self.action_dim - actions.shape[-1]))
         eps = torch.randn_like(actions) if eps is None else eps
-        actions, eps = (torch.nn.functional.pad(x, (0, pad)) for x in (actions, eps))
+        if eps.shape != actions.shape:
+            raise OmniRLError(
+                f"pi0 bc_loss: eps {tuple(eps.shape)} must noise the checkpoint's {self.action_dim} action numbers "
+                f"({tuple(actions.shape)})"
+            )
         features = self.encoder(obs)
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
         error = (self.velocity(x_t, t, features) - (eps - actions))[..., : self.env_action_dim] ** 2

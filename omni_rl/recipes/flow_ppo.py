@@ -234,12 +234,13 @@ def load_demos(cfg: FlowPPOConfig, horizon: int, device: torch.device) -> Demos:
 def cloning_loss(engine: TrainingEngine, demos: Demos, size: int, stream: torch.Generator) -> torch.Tensor:
     """The flow-matching loss of one global batch of ``size`` demo chunks (rows, times
     and noise drawn from ``stream`` alike on every process): this process's slice,
-    divided by the global batch's count of real action elements."""
+    divided by the global batch's count of real action elements. The noise covers the
+    policy's whole chunk, a pi0 checkpoint's numbers past the env's too, as sampling's."""
     ranks, device = engine.ranks, engine.device
     mine = torch.tensor_split(torch.arange(size), ranks.world_size)[ranks.rank]
     batch = torch.randint(demos.obs.shape[0], (size,), generator=stream)
     t = torch.rand(size, generator=stream)
-    eps = torch.randn((size, *demos.actions.shape[1:]), generator=stream)
+    eps = torch.randn((size, *engine.module.chunk_shape), generator=stream)
     count = float(demos.mask[batch].sum()) * demos.actions.shape[-1]
     rows = batch[mine].to(device)
     args = demos.obs[rows], demos.actions[rows], demos.mask[rows], t[mine].to(device), eps[mine].to(device)
