@@ -359,7 +359,7 @@ CURATE_ARGS = (
     "curate text-only",
     "drop the questions a model answers without their media: each asked K times with its media removed; "
     "a row whose pass rate reaches --threshold leaves the set (kept.jsonl, dropped.jsonl, report.json in "
-    "--out; an interrupted run resumes)",
+    "--out; an interrupted run with the same model, seed and asking resumes)",
     *CURATE_ARGS,
     arg(
         "--threshold",
@@ -381,7 +381,7 @@ def _curate_text_only(args: argparse.Namespace) -> int:
     "curate difficulty",
     "keep the questions a model sometimes solves: each asked K times with its media (from data.cache where it "
     "holds them); a row stays while its pass rate is strictly between --low and --high (kept.jsonl, "
-    "dropped.jsonl, report.json in --out; an interrupted run resumes)",
+    "dropped.jsonl, report.json in --out; an interrupted run with the same model, seed and asking resumes)",
     *CURATE_ARGS,
     arg("--low", type=float, default=0.0, metavar="P", help="a pass rate <= P drops the row (default: 0)"),
     arg("--high", type=float, default=1.0, metavar="P", help="a pass rate >= P drops the row (default: 1)"),

@@ -145,6 +145,50 @@ def test_an_interrupted_run_asks_only_the_rest(tmp_path, clips, tiny):
     assert json.loads((out / "report.json").read_text())["overall"]["rows"] == first["overall"]["rows"] == 12
 
 
+@pytest.fixture(scope="module")
+def other_tiny(tmp_path_factory):
+    from omni_rl.models import build_tiny
+
+    return build_tiny("qwen2_5_vl", tmp_path_factory.mktemp("other_tiny"), seed=1, width=64)
+
+
+def test_passes_another_model_or_seed_wrote_are_asked_again(tmp_path, clips, tiny, other_tiny, monkeypatch, caplog):
+    """The progress is keyed by what asked: the same model and seed ask nothing again;
+    another seed, another model (the same family, other weights) or a file that does not
+    say what asked it ask every row again, with one line naming the file and what
+    differed."""
+    asked = []
+    monkeypatch.setattr(curate, "answer_rows", canned(lambda sample: asked.append(sample.id)))
+    out = tmp_path / "curated"
+
+    def run(model, *extra):
+        asked.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="omni_rl.evaluation.curate"):
+            command = ["curate", "text-only", str(clips), "--model", str(model), "--out", str(out), *SETS, *extra]
+            assert main([*command, "--samples", "4"]) == 0
+        lines = [r.getMessage() for r in caplog.records if "asked by another producer" in r.getMessage()]
+        return len(asked), lines
+
+    assert run(tiny) == (12, [])
+    assert run(tiny) == (0, [])  # the same producer: resumed, nothing left
+    count, lines = run(tiny, "--set", "run.seed=1")
+    assert count == 12 and len(lines) == 1
+    assert str(out / curate.PASSES) in lines[0] and "seed 0, now 1" in lines[0]
+    assert run(tiny, "--set", "run.seed=1") == (0, [])
+    count, lines = run(other_tiny, "--set", "run.seed=1")
+    assert count == 12 and len(lines) == 1 and "weights" in lines[0] and str(other_tiny) in lines[0]
+    records = [json.loads(line) for line in (out / curate.PASSES).read_text().splitlines()]
+    assert len(records) == 12 and {r["model"] for r in records} == {str(other_tiny.resolve())}
+    # a file from before the key: its rows were asked by a producer it does not name
+    keys = ("model", "weights", "seed", "temperature", "max_new_tokens", "prompt_template")
+    older = [{k: v for k, v in r.items() if k not in keys} for r in records]
+    (out / curate.PASSES).write_text("".join(json.dumps(r) + "\n" for r in older))
+    count, lines = run(other_tiny, "--set", "run.seed=1")
+    said = "12 rows were asked by another producer (a version that did not record what asked them)"
+    assert count == 12 and lines == [f"{out / curate.PASSES}: {said}: they are asked again"]
+
+
 @pytest.mark.slow
 def test_two_processes_curate_what_one_process_curates(tmp_path, clips, tiny):
     """Under torchrun each rank asks its share of every chunk and rank 0 writes what all

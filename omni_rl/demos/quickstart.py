@@ -282,8 +282,18 @@ def curated(cfg, train: Path, model_dir: str | None, sft_model: Path) -> Path:
     model, processor = load(Path(model_dir) if model_dir else sft_model)
     asking = Asking(temperature=cfg.grpo.rollout.temperature, max_new_tokens=cfg.grpo.rollout.max_new_tokens)
     settings = cfg.grpo.rewards.settings()
+    # the run's seed keys the progress in data/: a re-run with another seed asks every row again
     result = curate(
-        model, processor, train, out, budgets, asking, TextOnly(), cfg.data.prompt_template, settings=settings
+        model,
+        processor,
+        train,
+        out,
+        budgets,
+        asking,
+        TextOnly(),
+        cfg.data.prompt_template,
+        settings=settings,
+        seed=cfg.run.seed,
     )
     print(report_table(result))
     kept = out / "kept.jsonl"

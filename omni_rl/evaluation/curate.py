@@ -2,15 +2,18 @@
 question asked without its media; one whose pass rate reaches the threshold is answered
 by its wording and leaves the set. ``Difficulty``: asked with its media; a row stays
 only while its pass rate is strictly between the bounds (one the model always or never
-solves gives GRPO's groups nothing to compare). Progress is written row by row, so an
-interrupted run resumes where it stopped; under torchrun each rank answers its share
-of each chunk."""
+solves gives GRPO's groups nothing to compare). Progress is written row by row, each
+row with what asked it (the model's weights, the seed, the asking), so an interrupted
+run resumes where it stopped and a run with another model or seed asks every row
+again; under torchrun each rank answers its share of each chunk."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.evaluation.answer import answer_rows, gathered
 from omni_rl.evaluation.score import score_rows
 from omni_rl.evaluation.summary import chance
+from omni_rl.preprocess.cache import file_digest
 from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.preprocess.rows import MEDIA_FIELDS, Row, read_rows
 from omni_rl.rewards import RewardSettings
@@ -30,7 +34,7 @@ from omni_rl.rollout.hf import SamplingParams
 
 log = logging.getLogger(__name__)
 
-PASSES = "passes.jsonl"  # one line per answered row: {id, pass_rate, ...}
+PASSES = "passes.jsonl"  # one line per answered row: {id, pass_rate, answers, what asked it}
 LABEL = "decoy"  # a generator's label of a row its wording answers (the report scores drops against it)
 
 
@@ -111,6 +115,64 @@ def read_passes(path: Path, curation: str = "text-only") -> dict[str, dict]:
     return done
 
 
+def weights_digest(path: Path) -> str:
+    """SHA-256 over the names and bytes of a checkpoint directory's weight and config
+    files (``*.safetensors``, ``*.json``): another training run or step, another digest."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".json")):
+        digest.update(f"{file.name}|{file_digest(file)}|".encode())
+    return digest.hexdigest()
+
+
+def asked_by(
+    model, rule: TextOnly | Difficulty, sampling: SamplingParams, samples: int, prompt_template: str, seed: int
+) -> dict:
+    """What a pass rate depends on, recorded with each row: the curation, the checkpoint
+    ``model`` was loaded from (``omni_rl.models.load``) and its ``weights_digest``, the
+    seed, and how the question was asked."""
+    path = model.omni_rl_stored.path.resolve()
+    start = time.perf_counter()
+    weights = weights_digest(path)
+    if time.perf_counter() - start > 5 and distributed.ranks().is_main:
+        log.info("%s: weights digest in %.0f s", path, time.perf_counter() - start)
+    return {
+        "curation": rule.name,
+        "model": str(path),
+        "weights": weights,
+        "seed": seed,
+        "samples": samples,
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_new_tokens,
+        "prompt_template": prompt_template,
+    }
+
+
+def reusable(done: dict[str, dict], key: dict, path: Path) -> dict[str, dict]:
+    """The records of ``done`` (read from ``path``) that ``key`` (``asked_by``) asked;
+    the others, asked by another model, seed or asking (or by a version that did not
+    record it), are asked again, and one line says so and what differed."""
+    same = {i: r for i, r in done.items() if all(r.get(k) == v for k, v in key.items())}
+    others = [r for r in done.values() if r["id"] not in same]
+    if others and distributed.ranks().is_main:
+        differed = {k: {_shown(k, r.get(k)) for r in others} - {_shown(k, now)} for k, now in key.items()}
+        differed = {k: before for k, before in differed.items() if before}
+        if all(before == {"unrecorded"} for before in differed.values()):
+            what = "a version that did not record what asked them"
+        else:
+            what = "; ".join(f"{k} {' or '.join(sorted(b))}, now {_shown(k, key[k])}" for k, b in differed.items())
+        log.warning("%s: %d rows were asked by another producer (%s): they are asked again", path, len(others), what)
+    return same
+
+
+def _shown(field: str, value) -> str:
+    """A key's value as the log line gives it: a digest shortened, the template quoted."""
+    if value is None:
+        return "unrecorded"
+    if field == "weights":
+        return value[:12]
+    return json.dumps(value) if field == "prompt_template" else str(value)
+
+
 def curate(
     model,
     processor,
@@ -132,7 +194,8 @@ def curate(
     ``out``: ``kept.jsonl`` (the rows the rule keeps, media and all), ``dropped.jsonl``
     (the others, each with its pass rate under ``rule.rate_key``), ``passes.jsonl``
     (the progress, one line per row) and ``report.json``; returns the report
-    (``report`` below). Rows already in ``passes.jsonl`` are not asked again.
+    (``report`` below). Rows already in ``passes.jsonl`` are not asked again when the
+    same model, seed and asking answered them (``asked_by``); the others are.
     ``engine``: a rollout engine that answers instead of the model (vLLM), each row
     sampled with a seed from ``seed`` and its index (``answer_rows``)."""
     out = Path(out)
@@ -143,7 +206,11 @@ def curate(
         log.warning(
             "%s: %d rows cannot be read and are left out, first: %s: %s", data, len(refused), first.path, first.reason
         )
-    done = read_passes(out / PASSES, rule.name)
+    sampling = SamplingParams(
+        temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
+    )
+    key = asked_by(model, rule, sampling, asking.samples, prompt_template, seed)
+    done = reusable(read_passes(out / PASSES, rule.name), key, out / PASSES)
     prompts = out / "text_only_prompts.jsonl"
     if where.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -158,9 +225,6 @@ def curate(
         mode = "prefer_cache" if cache else "no_cache"
         dataset = MediaDataset(data, budgets, cache, mode, prompt_template=prompt_template, columns=columns)
     todo = [i for i, row in enumerate(dataset.rows) if row.id not in done]
-    sampling = SamplingParams(
-        temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
-    )
     chunks = [todo[s : s + asking.chunk_rows] for s in range(0, len(todo), asking.chunk_rows)]
     shown = progress and where.is_main
     bar = tqdm(total=len(dataset.rows), initial=len(done), desc=rule.name, unit="row", disable=not shown)
@@ -173,13 +237,7 @@ def curate(
         answers, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
         records = [
-            {
-                "id": row.id,
-                "curation": rule.name,
-                "pass_rate": mean_accuracy,
-                "samples": asking.samples,
-                "answers": answers[row.id],
-            }
+            {"id": row.id, "pass_rate": mean_accuracy, "answers": answers[row.id], **key}
             for row, (*_, mean_accuracy) in zip(asked, score_rows(asked, answers, settings), strict=True)
         ]
         if where.is_main:
