@@ -325,6 +325,62 @@ def test_cloning_trains_the_input_columns_of_the_padded_numbers(tiny_pi0):
     assert (weight.detach() - start)[:, 2:].abs().min() > 0
 
 
+def with_action_statistics(tiny_pi0, mean, std):
+    """The tiny checkpoint's processor carrying action statistics (its own has none)."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_pi0)
+    processor.actions_mean, processor.actions_std = mean, std
+    return processor
+
+
+def test_actions_normalize_by_the_processors_statistics_and_back(tiny_pi0):
+    """mean [0.5, -1], std [2, 0.25]: the action (1.5, -0.5) is (1 / 2, 0.5 / 0.25) =
+    (0.5, 2) in pi_0's units (``PI0Processor.normalize``'s rule), and back; without
+    statistics (or a processor) actions pass as they are; statistics of another size
+    than the env's actions are refused, naming both."""
+    from omni_rl.models.pi0 import normalize_actions, unnormalize_actions
+
+    processor = with_action_statistics(tiny_pi0, [0.5, -1.0], [2.0, 0.25])
+    actions = torch.tensor([[1.5, -0.5], [0.5, -1.0]])
+    normalized = normalize_actions(processor, actions)
+    torch.testing.assert_close(normalized, torch.tensor([[0.5, 2.0], [0.0, 0.0]]))
+    torch.testing.assert_close(normalized, processor.normalize(actions, "actions"))
+    torch.testing.assert_close(unnormalize_actions(processor, normalized), actions)
+    chunks = torch.randn(3, 8, 2, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(unnormalize_actions(processor, normalize_actions(processor, chunks)), chunks)
+    for plain in (None, with_action_statistics(tiny_pi0, None, None)):
+        assert normalize_actions(plain, chunks) is chunks and unnormalize_actions(plain, chunks) is chunks
+    with pytest.raises(OmniRLError, match=r"3 numbers .* 2 action numbers"):
+        normalize_actions(with_action_statistics(tiny_pi0, [0.0] * 3, [1.0] * 3), chunks)
+    with pytest.raises(OmniRLError, match=r"3 numbers .* 2 action numbers"):
+        pi0_policy(tiny_pi0, env_action_dim=2, processor=with_action_statistics(tiny_pi0, [0.0] * 3, [1.0] * 3))
+
+
+def test_a_policy_clones_normalized_actions_and_drives_the_env_unnormalized(tiny_pi0):
+    """A processor with action statistics: the cloning loss on env actions is a plain
+    policy's on the actions normalized by hand, and the sampled actions are a plain
+    policy's (the same weights and draws) unnormalized by hand; the chain stays in
+    pi_0's units."""
+    mean, std = torch.tensor([0.5, -1.0]), torch.tensor([2.0, 0.25])
+    processor = with_action_statistics(tiny_pi0, mean.tolist(), std.tolist())
+    scaled, plain = pi0_policy(tiny_pi0, env_action_dim=2, processor=processor), pi0_policy(tiny_pi0, env_action_dim=2)
+    plain.load_state_dict(scaled.state_dict())
+    obs = pi0_observations(scaled)
+    generator = torch.Generator().manual_seed(9)
+    actions = mean + std * torch.randn(3, 8, 2, generator=generator)
+    eps, t = torch.randn(3, 8, 8, generator=generator), torch.rand(3, generator=generator)
+    mask = torch.ones(3, 8)
+    ours = scaled.bc_loss(obs, actions, mask, t, eps)
+    torch.testing.assert_close(ours, plain.bc_loss(obs, (actions - mean) / (std + 1e-8), mask, t, eps))
+    scaled.eval(), plain.eval()
+    drawn = scaled.sample(obs, generator=torch.Generator().manual_seed(10))
+    want = plain.sample(obs, generator=torch.Generator().manual_seed(10))
+    torch.testing.assert_close(drawn.chain, want.chain)
+    torch.testing.assert_close(drawn.actions, want.actions * (std + 1e-8) + mean)
+    assert (drawn.actions - want.actions).abs().max() > 0.1
+
+
 def test_one_prefix_per_observation_in_sampling_and_scoring(tiny_pi0):
     policy = pi0_policy(tiny_pi0, method="flow_sde", sde_mode="chain")
     obs = pi0_observations(policy)
