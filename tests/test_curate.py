@@ -213,6 +213,65 @@ def test_two_processes_curate_what_one_process_curates(tmp_path, clips, tiny):
         assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text(), name
 
 
+SLOW_REWRITE = """
+import os, sys, time
+from pathlib import Path
+
+from omni_rl.cli import main
+from omni_rl.evaluation import curate
+
+marker = Path(sys.argv[1])
+if os.environ["RANK"] == "0":  # a slow filesystem: the progress rewritten, truncated 3 s first
+    write_text = Path.write_text
+
+    def slow(self, text, *args, **kwargs):
+        if self.name != curate.PASSES:
+            return write_text(self, text, *args, **kwargs)
+        write_text(self, "")
+        marker.touch()
+        time.sleep(3)
+        return write_text(self, text, *args, **kwargs)
+
+    Path.write_text = slow
+else:  # rank 1 reads the progress once rank 0 has begun rewriting it
+    read_passes = curate.read_passes
+
+    def late(*args, **kwargs):
+        for _ in range(1200):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        return read_passes(*args, **kwargs)
+
+    curate.read_passes = late
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_resume_from_the_progress_rank_0_rewrote(tmp_path, clips, tiny):
+    """A resume under torchrun while rank 0 rewrites the progress file slowly (a cut line
+    goes): rank 1 reads it only once rank 0 has written it, so both ranks ask the same 7
+    rows and the progress holds every row once, as one process's run."""
+    args = ["curate", "text-only", str(clips), "--model", str(tiny), "--samples", "1", "--batch-prompts", "1", *SETS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_RL_THREADS": "1"}
+    one = [sys.executable, "-m", "omni_rl", *args, "--out", str(tmp_path / "one")]
+    done = subprocess.run(one, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (tmp_path / "one" / curate.PASSES).read_text().splitlines()
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / curate.PASSES).write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
+    script = tmp_path / "slow_rewrite.py"
+    script.write_text(SLOW_REWRITE)
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node=2"]
+    command = [*torchrun, str(script), str(tmp_path / "truncated"), *args, "--out", str(tmp_path / "two")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = (tmp_path / "two" / curate.PASSES).read_text().splitlines()
+    assert len(two) == len(lines) == 12  # every row once
+    assert {r["id"]: r for r in map(json.loads, two)} == {r["id"]: r for r in map(json.loads, lines)}
+
+
 def test_bad_arguments_are_refused(tmp_path, clips, tiny, capsys):
     base = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(tmp_path)]
     assert main([*base, "--threshold", "1.5"]) == 2

@@ -210,15 +210,17 @@ def curate(
         temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
     )
     key = asked_by(model, rule, sampling, asking.samples, prompt_template, seed)
-    done = reusable(read_passes(out / PASSES, rule.name), key, out / PASSES)
     prompts = out / "text_only_prompts.jsonl"
     if where.is_main:
+        done = reusable(read_passes(out / PASSES, rule.name), key, out / PASSES)
         out.mkdir(parents=True, exist_ok=True)
         if isinstance(rule, TextOnly):
             prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in rows), encoding="utf-8")
-        # the progress as read: a line a kill cut short goes before new lines follow it
+        # the progress as read: a line a kill cut short, or another producer's, goes before new lines follow it
         (out / PASSES).write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
     distributed.barrier()
+    if not where.is_main:  # only once rank 0 has rewritten it: every rank then asks the same rows
+        done = reusable(read_passes(out / PASSES, rule.name), key, out / PASSES)
     if isinstance(rule, TextOnly):
         dataset = MediaDataset(prompts, budgets, cache_mode="no_cache", prompt_template=prompt_template)
     else:
