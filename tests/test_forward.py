@@ -97,6 +97,46 @@ def test_group_forward_gradients_equal_full_forward(family, setting, tiny_checkp
         torch.testing.assert_close(shared[name], reference[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("setting", ["eval", "train", "train+checkpointing"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_group_forward_under_bf16_autocast_matches_the_full_forward(family, setting, tiny_checkpoint, family_prompts):
+    """bf16-mixed in one process (or DDP) autocasts fp32 weights to bf16: there the
+    rotary-embedded queries and keys come out fp32 and the values bf16, and the grouped
+    attention's fused kernels take one dtype (sdpa's autocast casts them to bf16). Its
+    log-probs and gradients stay those of the full forward under the same autocast, to
+    bf16's precision: log-probs within 0.05 (bf16 keeps 8 bits, 0.4% a rounding, on
+    log-probs near -5.5; 0.0014 at most measured), the whole gradient within 5% of its
+    norm (0.5% at most), and each tensor's within 10% of its own norm (5% at most
+    measured, on layer norms) or 1% of the whole's (0.3%): a tensor whose true gradient is
+    about 0, such as a key bias, is rounding alone."""
+    model, processor = load(tiny_checkpoint(family))
+    if "checkpointing" in setting:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train(setting != "eval")
+    inputs = family_prompts(family, processor)
+    n = 2
+    ids, mask = completions(2 * n, 5, seed=1)
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = fn()
+        (logp.float() * mask).sum().backward()
+        return logp.detach().float(), {
+            name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None
+        }
+
+    shared_logp, shared = run(lambda: group_forward(model, inputs, ids, mask, n).logp)
+    full_logp_, reference = run(lambda: full_logp(model, inputs, ids, mask, n))
+    torch.testing.assert_close(shared_logp * mask, full_logp_ * mask, atol=0.05, rtol=0)
+    assert shared.keys() == reference.keys()
+    size = sum(float(g.square().sum()) for g in reference.values()) ** 0.5
+    apart = {k: float((shared[k] - reference[k]).norm()) for k in shared}
+    assert sum(d * d for d in apart.values()) ** 0.5 <= 0.05 * size
+    for k, d in apart.items():  # each tensor: within 10% of its own gradient, or 1% of the whole
+        assert d <= max(0.1 * float(reference[k].norm()), 0.01 * size), k
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_apart_the_completions_weight_gradients_are_complete_before_the_prompts_backward(
     checkpointing, tiny_checkpoint, family_prompts, monkeypatch

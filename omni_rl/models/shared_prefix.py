@@ -160,6 +160,12 @@ def grouped_attention(
         [B*G, T, H, D], as transformers' attention functions return it.
     """
     prefix_key, prefix_value = store.layers[module.layer_idx]
+    # Under autocast (bf16-mixed in one process or DDP) the rotary-embedded query and keys
+    # come out fp32 and the values bf16; the fused kernels take one dtype, the one sdpa's
+    # autocast casts its inputs to.
+    device = query.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    query, key, value, prefix_key, prefix_value = (t.to(dtype) for t in (query, key, value, prefix_key, prefix_value))
     rows, heads, queries, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = rows // prefix_key.shape[0]
