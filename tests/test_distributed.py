@@ -557,3 +557,37 @@ def test_omni_with_audio_on_one_rank_and_images_on_the_other_equals_one_process(
     for a, b in zip(metrics(one), metrics(two), strict=True):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+
+
+def update_of(run: Path, step: int = 1) -> torch.Tensor:
+    """Every weight's change over ``step`` steps, flattened into one vector (fp32)."""
+    start, end = initial_weights(run), weights(run, step)
+    return torch.cat([(end[k].float() - start[k].float()).flatten() for k in sorted(start)])
+
+
+def test_bf16_mixed_fsdp_on_two_processes_matches_one_within_bf16(tmp_path, vowels):
+    """bf16-mixed (bf16 compute, fp32 master weights, fp32 gradient reduction): FSDP2 on
+    two processes against one process (autocast), one unclipped SGD step without
+    momentum, so the update is -lr times the gradient. What bf16 leaves the same and
+    what it bounds:
+
+    - the rollouts: the sampled tokens, so the rewards and lengths, are the same
+      (rounding that flipped a sampled token would show here first);
+    - the gradient's norm, to 2%, and the update, whose two runs differ by at most 5% of
+      its norm (bf16 keeps 8 bits of mantissa, 0.4% a rounding; 0.5% measured on this
+      machine). A wrong reduction misses by far more: a missing 1/N doubles the norm, a
+      rank's gradient lost is about half the update."""
+    sections = {
+        "trainer": {"steps": 1, "save_every": 1, "precision": "bf16-mixed", "max_grad_norm": 0.0},
+        "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.0},
+        "algorithm": {"epochs": 1, "mini_batch_prompts": 0},
+    }
+    launch(grpo_config(tmp_path / "one", vowels, "single", **sections), 1)
+    launch(grpo_config(tmp_path / "two", vowels, "fsdp", **sections), 2)
+    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    (a,), (b,) = metrics(one), metrics(two)
+    assert a["reward/mean"] == b["reward/mean"] and a["response/length_mean"] == b["response/length_mean"]
+    assert b["optim/grad_norm"] == pytest.approx(a["optim/grad_norm"], rel=0.02)
+    first, second = update_of(one), update_of(two)
+    assert first.norm() == pytest.approx(0.1 * a["optim/grad_norm"], rel=0.02)  # SGD: -lr times the gradient
+    assert float((second - first).norm() / first.norm()) <= 0.05
