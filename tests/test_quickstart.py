@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.cli import main
 
 SMALL_VIDEO = ("sft.trainer.steps=3", "grpo.rollout.n=2", "grpo.data.prompts_per_step=2")
@@ -17,17 +18,51 @@ def video_quickstart(out, *overrides: str) -> int:
     return main(args)
 
 
+def rescored(out) -> dict:
+    """The held-out accuracies the quickstart in ``out`` reports, computed here from its
+    saved answers: ``{group: (rows, after SFT, after RL)}`` per data source, per label
+    where there are decoys, and overall. Each answer is scored afresh by the reward
+    router (greedy: one answer per row)."""
+    from omni_rl.rewards import score
+
+    rows = {r["id"]: r for r in map(json.loads, (out / "data" / "heldout" / "data.jsonl").read_text().splitlines())}
+    answers = [json.loads(line) for line in (out / "heldout_answers.jsonl").read_text().splitlines()]
+    assert sorted(a["id"] for a in answers) == sorted(rows)  # every held-out row answered once
+    groups: dict = {}
+    for a in answers:
+        row = rows[a["id"]]
+        right = [
+            score(row["problem_type"], text, row["answer"], options=row.get("options")).accuracy
+            for (text,) in (a["after_sft"], a["after_rl"])
+        ]
+        label = "decoys" if row.get("decoy") else "grounded"
+        for group in (row["data_source"], f"label/{label}", "overall"):
+            groups.setdefault(group, []).append(right)
+    return {g: (len(v), sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for g, v in groups.items()}
+
+
+def assert_summary_rescores(out) -> dict:
+    """summary.json's accuracies are those of its saved answers scored afresh, per data
+    source, per label and overall, and the per-source rows add up to the overall ones."""
+    summary = json.loads((out / "summary.json").read_text())
+    mine = rescored(out)
+    entries = {**summary["per_source"], "overall": summary["overall"]}
+    entries |= {f"label/{k}": v for k, v in summary.get("per_label", {}).items()}
+    for group, entry in entries.items():
+        assert (entry["rows"], entry["sft"], entry["rl"]) == pytest.approx(mine[group]), group
+    overall = summary["overall"]
+    assert (summary["heldout_accuracy_sft"], summary["heldout_accuracy_rl"]) == pytest.approx(mine["overall"][1:])
+    assert sum(e["rows"] for e in summary["per_source"].values()) == overall["rows"] == summary["heldout_rows"]
+    return summary
+
+
 def test_quickstart_small_run(tmp_path, capsys):
     assert video_quickstart(tmp_path, "data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=2") == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert 0 <= summary["heldout_accuracy_sft"] <= 1 and 0 <= summary["heldout_accuracy_rl"] <= 1
+    summary = assert_summary_rescores(tmp_path)
     assert summary["heldout_rows"] == 8 and summary["blank_frames"] is False and summary["shuffle_frames"] is False
     kinds = {"video_direction", "video_order", "video_count", "video_when"}
     assert set(summary["per_source"]) == kinds and set(summary["per_type"]) == {"multiple_choice"}
-    for entry in [*summary["per_source"].values(), summary["overall"]]:
-        assert entry["chance"] == 0.5 and entry["sft_ci95"][0] <= entry["sft"] <= entry["sft_ci95"][1]
-        assert entry["gain"] == pytest.approx(entry["rl"] - entry["sft"])
-        assert entry["gain_ci95"][0] <= entry["gain"] <= entry["gain_ci95"][1]
+    assert all(e["chance"] == 0.5 for e in [*summary["per_source"].values(), summary["overall"]])
     assert summary["overall"]["rows"] == 8 and summary["per_source"]["video_when"]["rows"] == 2
     # the cold start learned the answers shuffled within each kind
     train = [json.loads(line) for line in (tmp_path / "data" / "train" / "data.jsonl").read_text().splitlines()]
@@ -98,7 +133,7 @@ def test_quickstart_trains_grpo_on_the_rows_text_only_curation_keeps(tmp_path):
     assert curation["labelled"]["dropped_decoys"] == sum(1 for r in dropped if r.get("decoy"))
     grounded, decoys = summary["per_label"]["grounded"], summary["per_label"]["decoys"]
     assert (grounded["rows"], decoys["rows"]) == (6, 2)
-    assert grounded["sft"] * 6 + decoys["sft"] * 2 == pytest.approx(summary["overall"]["sft"] * 8)
+    assert_summary_rescores(tmp_path)
 
 
 def test_quickstart_trains_grpo_without_the_labelled_decoys(tmp_path):
@@ -162,6 +197,18 @@ def test_quickstart_with_an_unreachable_source_under_the_ucb_sampler(tmp_path):
     assert any("sampler/prob/unreachable" in row for row in steps)
 
 
+def assert_success_as_logged(run: dict, rows: list[dict], episodes: int) -> None:
+    """A seed's summary reports the held-out success its metrics logged before PPO
+    (step 0) and at the end, each with the Wilson interval of its episodes."""
+    evaluated = [row for row in rows if "eval/success" in row]
+    assert evaluated[0]["step"] == 0 and evaluated[-1] is rows[-1]
+    for key, row in (("success_bc", evaluated[0]), ("success_rl", evaluated[-1])):
+        assert run[key] == row["eval/success"]
+        wins = run[key] * episodes
+        assert wins == round(wins)  # a share of whole episodes
+        assert run[f"{key}_ci95"] == pytest.approx(binomial_interval(round(wins), episodes), abs=1e-4)
+
+
 def test_sim_quickstart_small_run(tmp_path, capsys):
     """Two training seeds, each in its own folder; the summary has every seed's results
     with intervals and the spread over seeds."""
@@ -181,12 +228,10 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["seed"] for r in summary["seeds"]] == [3, 4] and summary["method"] == "flow_noise"
     for r in summary["seeds"]:
-        assert 0 <= r["success_bc"] <= 1 and 0 <= r["success_rl"] <= 1
-        assert r["success_rl_ci95"][0] <= r["success_rl"] <= r["success_rl_ci95"][1]
-        assert r["gain"] == pytest.approx(r["success_rl"] - r["success_bc"], abs=1e-4)
         assert r["env_steps"] == 2 * 2 * 16  # 2 iterations x 2 envs x 4 chunks of 4 actions
         rows = [json.loads(x) for x in (tmp_path / f"seed_{r['seed']}" / "flow_ppo" / "metrics.jsonl").open()]
         assert len(rows) == 3 and {"env/success_once", "loss/value", "eval/success"} <= set(rows[-1])
+        assert_success_as_logged(r, rows, episodes=4)
         assert [row.get("update/actor_updated") for row in rows] == [None, 0.0, 1.0]  # one warm-up iteration
         assert r["lowest_eval"] == min(row["eval/success"] for row in rows if "eval/success" in row)
         assert (tmp_path / f"seed_{r['seed']}" / "plots" / "env_return.png").is_file()
@@ -219,12 +264,15 @@ def test_vla_quickstart_small_run(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "PixelTargets-v0" and [r["seed"] for r in summary["seeds"]] == [0]
     (run,) = summary["seeds"]
-    for key in ("success_bc", "success_rl", "success_rl_swapped"):
-        assert run[f"{key}_ci95"][0] <= run[key] <= run[f"{key}_ci95"][1]
     assert (tmp_path / "seed_0" / "pi0_tiny" / "config.json").is_file()
     assert (tmp_path / "seed_0" / "flow_ppo" / "model" / "backbone" / "model.safetensors").is_file()
     rows = [json.loads(x) for x in (tmp_path / "seed_0" / "flow_ppo" / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [0, 1, 2] and "eval/success" in rows[-1]
+    assert_success_as_logged(run, rows, episodes=4)
+    wins = run["success_rl_swapped"] * 4  # the swapped evaluation plays the same 4 held-out episodes
+    assert wins == round(wins) and run["success_rl_swapped_ci95"] == pytest.approx(
+        binomial_interval(round(wins), 4), abs=1e-4
+    )
     assert "shown the other target's name" in capsys.readouterr().out
 
 
@@ -249,8 +297,7 @@ def test_audio_quickstart_small_run(tmp_path, capsys):
     ):
         args += ["--set", override]
     assert main(args) == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert 0 <= summary["heldout_accuracy_sft"] <= 1 and 0 <= summary["heldout_accuracy_rl"] <= 1
+    summary = assert_summary_rescores(tmp_path)
     assert summary["heldout_rows"] == 8 and summary["silent"] is False
     assert set(summary["per_source"]) == {"audio_higher", "audio_count", "audio_order", "audio_louder"}
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]

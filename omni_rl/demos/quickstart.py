@@ -201,8 +201,9 @@ def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, sta
     """``summary.json`` (held-out accuracy after SFT and after RL, per problem type, and
     per data source with chance, 95% intervals and the gain; where some held-out rows
     are decoys, the same for them and for the others, ``per_label``; ``extra``,
-    seconds), curve PNGs, and the comparison printed. ``heldout``: the held-out rows'
-    dataset file."""
+    seconds), ``heldout_answers.jsonl`` (each held-out row's answers after SFT and after
+    RL, which the accuracies score), curve PNGs, and the comparison printed.
+    ``heldout``: the held-out rows' dataset file."""
     compared = compare(heldout, after_sft, after_rl)
     labelled = compare(heldout, after_sft, after_rl, by_label)
     if "decoys" in labelled:
@@ -221,6 +222,11 @@ def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, sta
         "seconds": round(time.perf_counter() - started, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    answers = [
+        {"id": row_id, "after_sft": after_sft["answers"].get(row_id), "after_rl": texts}
+        for row_id, texts in after_rl["answers"].items()
+    ]
+    (out / "heldout_answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     _plots(out)
     print(compare_table(compared | summary.get("per_label", {}) | {"overall": summary["overall"]}))
     return summary

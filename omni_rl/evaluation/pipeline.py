@@ -31,8 +31,8 @@ def evaluate_rows(
     ``temperature``); a row's accuracy is its best completion's (pass@k for k > 1).
 
     Returns ``summarize``'s summary (accuracy, per_type, per_source, rows, ...) with
-    row_accuracy ({row id: accuracy}), rows_read, refused_rows (when the dataset
-    loaded) and skipped_rows (media that did not decode)."""
+    row_accuracy ({row id: accuracy}), answers ({row id: its completions}), rows_read,
+    refused_rows (when the dataset loaded) and skipped_rows (media that did not decode)."""
     sampling = SamplingParams(temperature=0.0 if samples == 1 else temperature, max_new_tokens=max_new_tokens)
     answered, failures = answer_rows(
         model, processor, dataset, sampling, samples, my_share(dataset), batch_prompts, progress
@@ -44,6 +44,7 @@ def evaluate_rows(
     return {
         **summarize(scored, samples),
         "row_accuracy": {row_id: best for row_id, (_, _, best, _) in zip(ids, scored, strict=True)},
+        "answers": {row_id: answers[row_id] for row_id in ids},
         "rows_read": dataset.read,
         "refused_rows": len(dataset.failures),
         "skipped_rows": len(failures),
