@@ -339,22 +339,43 @@ def test_actions_normalize_by_the_processors_statistics_and_back(tiny_pi0):
     (0.5, 2) in pi_0's units (``PI0Processor.normalize``'s rule), and back; without
     statistics (or a processor) actions pass as they are; statistics of another size
     than the env's actions are refused, naming both."""
-    from omni_rl.models.pi0 import normalize_actions, unnormalize_actions
+    from omni_rl.models.pi0 import normalize, unnormalize
 
     processor = with_action_statistics(tiny_pi0, [0.5, -1.0], [2.0, 0.25])
     actions = torch.tensor([[1.5, -0.5], [0.5, -1.0]])
-    normalized = normalize_actions(processor, actions)
+    normalized = normalize(processor, "actions", actions)
     torch.testing.assert_close(normalized, torch.tensor([[0.5, 2.0], [0.0, 0.0]]))
     torch.testing.assert_close(normalized, processor.normalize(actions, "actions"))
-    torch.testing.assert_close(unnormalize_actions(processor, normalized), actions)
+    torch.testing.assert_close(unnormalize(processor, "actions", normalized), actions)
     chunks = torch.randn(3, 8, 2, generator=torch.Generator().manual_seed(8))
-    torch.testing.assert_close(unnormalize_actions(processor, normalize_actions(processor, chunks)), chunks)
+    torch.testing.assert_close(unnormalize(processor, "actions", normalize(processor, "actions", chunks)), chunks)
     for plain in (None, with_action_statistics(tiny_pi0, None, None)):
-        assert normalize_actions(plain, chunks) is chunks and unnormalize_actions(plain, chunks) is chunks
+        assert normalize(plain, "actions", chunks) is chunks and unnormalize(plain, "actions", chunks) is chunks
     with pytest.raises(OmniRLError, match=r"3 numbers .* 2 action numbers"):
-        normalize_actions(with_action_statistics(tiny_pi0, [0.0] * 3, [1.0] * 3), chunks)
+        normalize(with_action_statistics(tiny_pi0, [0.0] * 3, [1.0] * 3), "actions", chunks)
     with pytest.raises(OmniRLError, match=r"3 numbers .* 2 action numbers"):
         pi0_policy(tiny_pi0, env_action_dim=2, processor=with_action_statistics(tiny_pi0, [0.0] * 3, [1.0] * 3))
+
+
+def test_the_state_is_normalized_on_its_own_device_before_padding(tiny_pi0):
+    """State statistics apply to the env's numbers, then the state is zero-padded; the
+    statistics follow the values' device (PI0Processor's own ``normalize`` makes CPU
+    tensors, which a CUDA state would refuse): a state on the meta device stays there."""
+    from transformers import AutoProcessor
+
+    from omni_rl.models.pi0 import normalize, pi0_inputs
+
+    processor = AutoProcessor.from_pretrained(tiny_pi0)
+    processor.state_mean, processor.state_std = [1.0, -2.0, 0.0], [0.5, 4.0, 1.0]
+    images = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    state = torch.tensor([[2.0, 2.0, 3.0], [1.0, -2.0, -1.0]])
+    inputs = pi0_inputs(processor, images, ["go left", "go right"], state)
+    expected = torch.tensor([[2.0, 1.0, 3.0], [0.0, 0.0, -1.0]])
+    torch.testing.assert_close(inputs.state[:, :3], expected)
+    assert inputs.state.shape[1] == processor.max_state_dim and (inputs.state[:, 3:] == 0).all()
+    assert normalize(processor, "state", state.to("meta")).device.type == "meta"
+    with pytest.raises(OmniRLError, match=r"3 numbers .* 2 state numbers"):
+        normalize(processor, "state", state[:, :2])
 
 
 def test_a_policy_clones_normalized_actions_and_drives_the_env_unnormalized(tiny_pi0):

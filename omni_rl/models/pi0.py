@@ -383,7 +383,9 @@ class Pi0FlowPolicy(FlowPolicy):
         self.noise_net = mlp([features, config.width, backbone.action_dim])
         self.value_head = mlp([privileged_dim if self.value_input == "obs" else features, config.width, 1])
         self._register_action_mask(self.action_dim, env_action_dim)  # PPO reads the numbers the env runs
-        action_statistics(processor, torch.zeros(env_action_dim))  # statistics of another size fail here, not mid-run
+        statistics(
+            processor, "actions", torch.zeros(env_action_dim)
+        )  # statistics of another size fail here, not mid-run
 
     @property
     def backbone(self) -> Pi0Backbone:
@@ -397,9 +399,9 @@ class Pi0FlowPolicy(FlowPolicy):
     def sample(self, obs, deterministic=False, generator=None, noise=None, start=None):
         """``FlowPolicy.sample``, the actions cut to the env's numbers (pi_0 pads an
         action to its ``max_action_dim``; the chain keeps every number) and taken to the
-        env's units (``unnormalize_actions``; the chain stays in pi_0's)."""
+        env's units (``unnormalize``; the chain stays in pi_0's)."""
         drawn = super().sample(obs, deterministic, generator, noise, start)
-        drawn.actions = unnormalize_actions(self.encoder.processor, drawn.actions[..., : self.env_action_dim])
+        drawn.actions = unnormalize(self.encoder.processor, "actions", drawn.actions[..., : self.env_action_dim])
         return drawn
 
     def bc_loss(self, obs, actions, mask, t=None, eps=None, count=None) -> torch.Tensor:
@@ -408,9 +410,9 @@ class Pi0FlowPolicy(FlowPolicy):
         numbers] noises every number (sampling starts them all from N(0, 1); PI0's own
         loss, openpi and lerobot draw it so), and the loss averages over the env's
         numbers only. The actions, in the env's units, are normalized first
-        (``normalize_actions``)."""
+        (``normalize``)."""
         t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
-        actions = normalize_actions(self.encoder.processor, actions)
+        actions = normalize(self.encoder.processor, "actions", actions)
         actions = torch.nn.functional.pad(actions, (0, self.action_dim - actions.shape[-1]))
         eps = torch.randn_like(actions) if eps is None else eps
         if eps.shape != actions.shape:
@@ -549,47 +551,52 @@ def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: 
             f"pi0 observations: env {row}'s instruction {instructions[row]!r} makes a {int(lengths[row])}-token "
             f"prompt besides the image's, over the limit of {max_tokens}"
         )
-    state = state.float()
-    if processor.state_mean is not None:
-        state = processor.normalize(state, "state")
+    state = normalize(processor, "state", state.float())
     state = torch.nn.functional.pad(state, (0, processor.max_state_dim - state.shape[-1]))
     return Pi0Observation(
         batch["input_ids"], batch["attention_mask"], batch["pixel_values"], batch["pixel_attention_mask"], state
     )
 
 
-def action_statistics(processor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The processor's action mean and std [A] on ``actions``' ([..., A]) device and
-    dtype; None where there is no processor or it has no action statistics."""
-    mean, std = getattr(processor, "actions_mean", None), getattr(processor, "actions_std", None)
+NUMBERS = {"state": "state", "actions": "action"}
+"""What a PI0Processor's statistics describe (``state_mean``, ``actions_mean``...), as
+errors name them."""
+
+
+def statistics(processor, feature: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The processor's mean and std [A] of ``feature`` ("state" or "actions") on
+    ``values``' ([..., A]) device and dtype (PI0Processor keeps them as lists, and its own
+    ``normalize`` makes CPU tensors of them); None where there is no processor or it has
+    no statistics of ``feature``."""
+    mean, std = getattr(processor, f"{feature}_mean", None), getattr(processor, f"{feature}_std", None)
     if mean is None and std is None:
         return None
     if mean is None or std is None:
-        raise OmniRLError("pi0 processor: actions_mean and actions_std go together; it has only one of them")
-    mean, std = (torch.as_tensor(v, dtype=actions.dtype, device=actions.device) for v in (mean, std))
-    if not mean.shape == std.shape == (actions.shape[-1],):
+        raise OmniRLError(f"pi0 processor: {feature}_mean and {feature}_std go together; it has only one of them")
+    mean, std = (torch.as_tensor(v, dtype=values.dtype, device=values.device) for v in (mean, std))
+    if not mean.shape == std.shape == (values.shape[-1],):
         raise OmniRLError(
-            f"pi0 processor: action statistics of {mean.numel()} numbers (mean) and {std.numel()} (std) for the "
-            f"env's {actions.shape[-1]} action numbers"
+            f"pi0 processor: {NUMBERS[feature]} statistics of {mean.numel()} numbers (mean) and {std.numel()} (std) "
+            f"for the env's {values.shape[-1]} {NUMBERS[feature]} numbers"
         )
     return mean, std
 
 
-def normalize_actions(processor, actions: torch.Tensor) -> torch.Tensor:
-    """Env actions [..., A] in the units pi_0 learns: (a - mean) / (std + 1e-8) by the
-    processor's action statistics (``PI0Processor.normalize``'s rule, which it applies
-    before padding, as ``pi0_inputs`` does to the state), unchanged without them."""
-    statistics = action_statistics(processor, actions)
-    if statistics is None:
-        return actions
-    mean, std = statistics
-    return (actions - mean) / (std + 1e-8)
+def normalize(processor, feature: str, values: torch.Tensor) -> torch.Tensor:
+    """Env states or actions [..., A] in the units pi_0 learns: (v - mean) / (std + 1e-8)
+    by the processor's statistics of ``feature`` (``PI0Processor.normalize``'s rule,
+    before padding), unchanged without them."""
+    found = statistics(processor, feature, values)
+    if found is None:
+        return values
+    mean, std = found
+    return (values - mean) / (std + 1e-8)
 
 
-def unnormalize_actions(processor, actions: torch.Tensor) -> torch.Tensor:
-    """``normalize_actions`` reversed: pi_0's actions [..., A] in the env's units."""
-    statistics = action_statistics(processor, actions)
-    if statistics is None:
-        return actions
-    mean, std = statistics
-    return actions * (std + 1e-8) + mean
+def unnormalize(processor, feature: str, values: torch.Tensor) -> torch.Tensor:
+    """``normalize`` reversed: pi_0's values [..., A] in the env's units."""
+    found = statistics(processor, feature, values)
+    if found is None:
+        return values
+    mean, std = found
+    return values * (std + 1e-8) + mean
