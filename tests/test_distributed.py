@@ -591,3 +591,24 @@ def test_bf16_mixed_fsdp_on_two_processes_matches_one_within_bf16(tmp_path, vowe
     first, second = update_of(one), update_of(two)
     assert first.norm() == pytest.approx(0.1 * a["optim/grad_norm"], rel=0.02)  # SGD: -lr times the gradient
     assert float((second - first).norm() / first.norm()) <= 0.05
+
+
+def test_a_rollout_gathers_the_sharded_weights_once_not_per_token(tmp_path, vowels):
+    """FSDP2 on 2 processes: with ``rollout.gather_once`` (the default) the decode loop
+    gathers nothing after the prefill; without it, every decoded token gathers every
+    decoder layer's weights again (their full fp32 size into each rank, counted by hand
+    from the checkpoint), and the run is the same to the bit either way."""
+    sections = {"trainer": {"steps": 2, "save_every": 1}, "algorithm": {"epochs": 1, "mini_batch_prompts": 0}}
+    launch(grpo_config(tmp_path / "once", vowels, "fsdp", **sections), 2)
+    launch(grpo_config(tmp_path / "per_token", vowels, "fsdp", rollout={"gather_once": False}, **sections), 2)
+    once, per_token = tmp_path / "once" / "run", tmp_path / "per_token" / "run"
+    # the decoder layers (saved under the legacy names model.layers.N; the vision blocks are visual.blocks.N)
+    layers = sum(t.numel() * 4 for k, t in initial_weights(once).items() if k.startswith("model.layers."))
+    assert layers > 0
+    for a, b in zip(metrics(once), metrics(per_token), strict=True):
+        assert a["rollout/gathered_bytes_per_token"] == 0 and a["rollout/gathered_bytes"] > 0
+        assert b["rollout/gathered_bytes_per_token"] == layers
+        assert b["rollout/gathered_bytes"] > a["rollout/gathered_bytes"]
+        strip = ("rollout/gathered_bytes", "rollout/gathered_bytes_per_token")
+        assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+    assert_same_weights(weights(once, 2), weights(per_token, 2), atol=0)

@@ -134,7 +134,7 @@ def rollout_phase(model, arch, batch, cfg):
     """This rank's prompts through ``HFRolloutEngine.rollout`` until ``StopDecode``."""
     from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
-    engine = HFRolloutEngine(model, arch.processor)
+    engine = HFRolloutEngine(model, arch.processor, cfg.rollout.gather_once)
     r = cfg.rollout
     sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens)
     with contextlib.suppress(StopDecode):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from omni_rl.engine import distributed, encoders
+from omni_rl.engine import distributed, encoders, gathering
 from omni_rl.engine.config import OptimizerConfig, TrainerConfig
 from omni_rl.errors import OmniRLError
 from omni_rl.models.shared_prefix import PromptBackward, gather_on_prompt_gradient
@@ -283,7 +283,9 @@ class TrainingEngine:
         # and FSDP2 shards an outer unit only around inner ones already sharded
         units = [*reversed(shard_units(model)), model]
         for unit in units:
-            fully_shard(unit, mp_policy=policy, reshard_after_forward=not (trainable and unit is model))
+            reshard = not (trainable and unit is model)
+            fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+            gathering.track(unit, reshard, policy.param_dtype)  # held through a rollout, its gathers counted
         if trainable:
             for unit in units[:-1]:
                 for module in unit.modules():

@@ -372,6 +372,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **distributed.mean_metrics({**timer.metrics(), **{f"skipped/{k}": v for k, v in skipped.items()}}),
             **update,
             **_rollout_metrics(rollouts),
+            **distributed.mean_metrics(rollout.metrics()),
             **engine.metrics(),
             "reward/scorer_errors": sum("error" in r.details for r in every_result),
             **distributed.sum_counts(dataset.cache_metrics()),

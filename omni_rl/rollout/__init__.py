@@ -4,8 +4,8 @@ policy's own weights) and vllm (GPU, optional extra; weights copied in after upd
 Every engine offers ``rollout(samples, encoded, n, sampling, seeds) -> Rollouts``;
 ``sleep()``, called when a step's rollouts are done (its GPU memory goes to the
 update); ``load_weights(model)``, called after each optimizer step (it wakes a sleeping
-engine with the new weights); ``max_prompt_tokens(rollout_config)``; and ``banned``,
-the token ids its sampling never draws.
+engine with the new weights); ``max_prompt_tokens(rollout_config)``; ``metrics()``, what its rollouts cost since the
+last call; and ``banned``, the token ids its sampling never draws.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ENGINES: Registry = Registry("rollout engine")
 def _hf(cfg, model, processor, model_dir: Path, work_dir: Path):
     from omni_rl.rollout.hf import HFRolloutEngine
 
-    return HFRolloutEngine(model, processor)
+    return HFRolloutEngine(model, processor, cfg.rollout.gather_once)
 
 
 @ENGINES.register("vllm")

@@ -66,6 +66,11 @@ class RolloutConfig:
     """Longest completion."""
     max_prompt_length: int = 16384
     """Prompts longer than this (media tokens included) are skipped and counted."""
+    gather_once: bool = True
+    """hf engine under FSDP2: each sharded layer's weights are gathered once per rollout
+    and held to its last token (a 7B model's bf16 weights, about 15 GB a rank, for the
+    rollout's length); false gathers them again for every decoded token, as training's
+    forwards do, and logs it (``rollout/gathered_bytes_per_token``)."""
 
     def __post_init__(self):
         require(self.n >= 2, "n", "GRPO needs at least 2 completions per prompt")
@@ -73,6 +78,7 @@ class RolloutConfig:
         require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         if self.engine == "vllm":
+            require(self.gather_once, "gather_once", "belongs to the hf engine: vLLM holds its own copy of the weights")
             longest = self.max_prompt_length + self.max_new_tokens
             require(
                 self.vllm.max_model_len >= longest,

@@ -23,7 +23,9 @@ gets the tokens it gets in one process with the whole batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -36,11 +38,13 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from omni_rl.engine import distributed
+from omni_rl.engine import distributed, gathering
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import prefill, tail_positions
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.models.shared_prefix import ReadPrefix, decoder_config
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,18 +149,34 @@ class HFRolloutEngine:
         processor: its processor (for the pad, stop and placeholder tokens).
     """
 
-    def __init__(self, model: torch.nn.Module, processor):
+    def __init__(self, model: torch.nn.Module, processor, gather_once: bool = True):
         self.model = model
         self.processor = processor
         self.pad_id = processor.tokenizer.pad_token_id
         self.stop_ids = stop_token_ids(processor, model)
         self.banned = placeholder_token_ids(processor)
+        self.gather_once = gather_once
+        if not gather_once and any(gathering.tracked(m) for m in model.modules()):
+            _log.warning("rollout.gather_once: false: every decoded token gathers every sharded layer's weights again")
+        self._gathers = {"bytes": 0, "decode_bytes": 0, "decode_steps": 0}
 
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
         """Nothing to copy: this engine samples with the training model's own weights."""
 
     def sleep(self) -> None:
         """Nothing to free: the engine's only memory is the training model's."""
+
+    def metrics(self) -> dict:
+        """What this rank's rollouts gathered since the last call, and reset:
+        ``rollout/gathered_bytes`` (FSDP2's all-gathers of weights into this rank, the
+        prefills' included) and ``rollout/gathered_bytes_per_token`` (those after the
+        prefills, per decoded token position): 0 with ``gather_once``, the whole model's
+        sharded weights without it, and 0 for a model FSDP2 does not shard."""
+        g, self._gathers = self._gathers, {"bytes": 0, "decode_bytes": 0, "decode_steps": 0}
+        return {
+            "rollout/gathered_bytes": g["bytes"],
+            "rollout/gathered_bytes_per_token": g["decode_bytes"] / max(g["decode_steps"], 1),
+        }
 
     def max_prompt_tokens(self, rollout) -> int:
         """The longest prompt this engine takes (the ``rollout`` section's limit)."""
@@ -198,48 +218,57 @@ class HFRolloutEngine:
         warpers = self._warpers(sampling)
         was_training = model.training
         model.eval()
+        held = gathering.held_gathered(model) if self.gather_once else nullcontext()
         try:
-            # PREFILL: every token but the last, media encoders included, once per prompt;
-            # each layer keeps the prompt's keys and values once for its G samples
-            prefix = prefill(model, inputs)
-            reader = ReadPrefix(prefix.store)
-            tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
-            first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
-            extra = {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
-            finished = torch.zeros_like(tokens, dtype=torch.bool)
-            # the completions' own keys: allocated once, written in place step by step
-            cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
-            sampled, logprobs = [], []
-            # DECODE: all B*G sequences, one token each per step, until every one stopped
-            # (on every rank: sharded forwards run in step)
-            for step in range(sampling.max_new_tokens):
-                out = model(
-                    input_ids=tokens[:, None],
-                    position_ids=first + step,
-                    cache=cache,
-                    use_cache=True,
-                    shared_prefix=reader,
-                    **extra,
+            with held, gathering.counting_gathers() as gathered:
+                # PREFILL: every token but the last, media encoders included, once per prompt;
+                # each layer keeps the prompt's keys and values once for its G samples (and,
+                # sharded, its gathered weights to the last token: ``gather_once``)
+                prefix = prefill(model, inputs)
+                prefilled = gathered.bytes
+                reader = ReadPrefix(prefix.store)
+                tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
+                first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
+                extra = (
+                    {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
                 )
-                scores = out.logits[:, -1].float()
-                for warp in warpers:
-                    scores = warp(None, scores)
-                logp = torch.log_softmax(scores, dim=-1)
-                if sampling.temperature > 0:
-                    if step == 0:  # fixed for the rollout
-                        keys = token_keys(logp.shape[-1], logp.device)
-                    noisy = logp + gumbel_noise(row_seeds, step, keys)
-                else:
-                    noisy = logp
-                tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
-                sampled.append(tokens)
-                logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
-                finished |= torch.isin(tokens, stop_ids)
-                # the one host read of a step: whether every sequence of every rank stopped
-                if distributed.all_ranks(finished.all()):
-                    break
+                finished = torch.zeros_like(tokens, dtype=torch.bool)
+                # the completions' own keys: allocated once, written in place step by step
+                cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
+                sampled, logprobs = [], []
+                # DECODE: all B*G sequences, one token each per step, until every one stopped
+                # (on every rank: sharded forwards run in step)
+                for step in range(sampling.max_new_tokens):
+                    out = model(
+                        input_ids=tokens[:, None],
+                        position_ids=first + step,
+                        cache=cache,
+                        use_cache=True,
+                        shared_prefix=reader,
+                        **extra,
+                    )
+                    scores = out.logits[:, -1].float()
+                    for warp in warpers:
+                        scores = warp(None, scores)
+                    logp = torch.log_softmax(scores, dim=-1)
+                    if sampling.temperature > 0:
+                        if step == 0:  # fixed for the rollout
+                            keys = token_keys(logp.shape[-1], logp.device)
+                        noisy = logp + gumbel_noise(row_seeds, step, keys)
+                    else:
+                        noisy = logp
+                    tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
+                    sampled.append(tokens)
+                    logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
+                    finished |= torch.isin(tokens, stop_ids)
+                    # the one host read of a step: whether every sequence of every rank stopped
+                    if distributed.all_ranks(finished.all()):
+                        break
         finally:
             model.train(was_training)
+        self._gathers["bytes"] += gathered.bytes
+        self._gathers["decode_bytes"] += gathered.bytes - prefilled
+        self._gathers["decode_steps"] += len(sampled)
         completions = torch.stack(sampled, 1) if sampled else torch.zeros(batch * n, 0, dtype=torch.long)
         return self._package(completions, logprobs, n)
 

@@ -317,6 +317,10 @@ class VLLMRolloutEngine:
         check_prompts(outputs, samples, encoded)
         return package(outputs, n, self.pad_id, samples)
 
+    def metrics(self) -> dict:
+        """Nothing gathered per rollout: vLLM samples with its own copy of the weights."""
+        return {}
+
     def sleep(self) -> None:
         """Free the engine's GPU memory for the update (sleep mode): the KV cache is
         dropped, and the weights too (level 2), or, with LoRA, whose base never
