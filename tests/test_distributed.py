@@ -612,3 +612,64 @@ def test_a_rollout_gathers_the_sharded_weights_once_not_per_token(tmp_path, vowe
         strip = ("rollout/gathered_bytes", "rollout/gathered_bytes_per_token")
         assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
     assert_same_weights(weights(once, 2), weights(per_token, 2), atol=0)
+
+
+SYNC_ON_RANKS = """
+import json, os, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from omni_rl.engine import distributed
+from omni_rl.engine.config import AdamWConfig
+from omni_rl.engine.engine import TrainingEngine
+from omni_rl.models import build_tiny, load
+from omni_rl.rollout.vllm import full_weights, weight_gathers
+
+out = Path(sys.argv[1])
+tiny = build_tiny("qwen2_5_vl", out / f"tiny{os.environ['RANK']}", seed=0)
+ranks = distributed.init("cpu")
+reference = {k: v.to(torch.bfloat16) for k, v in load(tiny)[0].state_dict().items()}
+model, _ = load(tiny)
+engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32", strategy="fsdp")
+calls = {"all_gathers": 0, "full_tensor": 0}
+gather, full = dist.all_gather_single, DTensor.full_tensor  # FSDP2's unshard calls the first
+
+def counted_gather(*args, **kwargs):
+    calls["all_gathers"] += 1
+    return gather(*args, **kwargs)
+
+def counted_full(self, *args, **kwargs):
+    calls["full_tensor"] += 1
+    return full(self, *args, **kwargs)
+
+dist.all_gather_single, DTensor.full_tensor = counted_gather, counted_full
+synced = {name: t for bucket in full_weights(engine.module, 64 * 1024) for name, t in bucket}
+result = {
+    **calls,
+    "units": weight_gathers(engine.module),
+    "same_names": sorted(synced) == sorted(reference),
+    "max_difference": max(float((synced[k].float() - reference[k].float()).abs().max()) for k in reference),
+    "bf16": all(t.dtype == torch.bfloat16 for t in synced.values() if t.is_floating_point()),
+    "sharded_after": all(isinstance(p, DTensor) for p in engine.module.parameters()),
+}
+Path(out, f"rank{ranks.rank}.json").write_text(json.dumps(result))
+distributed.shutdown()
+"""
+
+
+def test_the_vllm_weight_sync_gathers_each_fsdp_unit_once(tmp_path):
+    """The weights pushed to vLLM from an FSDP2 model on 2 processes: every state entry,
+    in bf16, equal to the unsharded model's, with one all-gather per FSDP2 unit (before:
+    one per tensor, 57 here and about 730 at 7B) and every unit sharded again afterwards."""
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_ON_RANKS)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["units"] >= 4 and got["all_gathers"] == got["units"] and got["full_tensor"] == 0, got
+        assert got["same_names"] and got["max_difference"] == 0 and got["bf16"] and got["sharded_after"], got

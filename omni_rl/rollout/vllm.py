@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from omni_rl.data.dataset import Sample
-from omni_rl.engine import distributed
+from omni_rl.engine import distributed, gathering
 from omni_rl.errors import OmniRLError
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.inputs import AUDIO_SAMPLE_RATE, media_processor_kwargs
@@ -210,12 +210,13 @@ def _lora_rank(model: torch.nn.Module) -> int:
 
 def full_weights(model: torch.nn.Module, bucket_bytes: int):
     """The model's full weights in bf16, ``(name, tensor)`` lists of about
-    ``bucket_bytes`` each. FSDP2 shards are gathered one tensor at a time (a collective:
-    every rank iterates alike), so a bucket, never a second model, is held at once."""
+    ``bucket_bytes`` each. Under FSDP2 each sharded unit is gathered once, all its
+    weights in one collective (every rank iterates alike), copied, and freed again, so a
+    unit and a bucket, never a second model, are held at once; ``weight_gathers`` counts
+    the collectives."""
     bucket, size = [], 0
-    for name, value in model.state_dict().items():
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        tensor = full.detach().to(torch.bfloat16) if full.is_floating_point() else full.detach()
+    for name, value in _full_entries(model):
+        tensor = value.detach().to(torch.bfloat16, copy=True) if value.is_floating_point() else value.detach()
         bucket.append((name, tensor))
         size += tensor.numel() * tensor.element_size()
         if size >= bucket_bytes:
@@ -223,6 +224,37 @@ def full_weights(model: torch.nn.Module, bucket_bytes: int):
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def weight_gathers(model: torch.nn.Module) -> int:
+    """The all-gathers one ``full_weights`` pass runs: one per FSDP2 unit (0 unsharded)."""
+    return sum(gathering.tracked(m) for m in model.modules())
+
+
+def _full_entries(model: torch.nn.Module):
+    """(name, full tensor) of every state entry: unit by unit under FSDP2 (each gathered
+    while its entries are read; a consumer copies each before the next), then what no
+    unit shards (buffers); the state dict's own order without FSDP2."""
+    units = [m for m in model.modules() if gathering.tracked(m)]
+    state = model.state_dict()
+    if not units:
+        yield from state.items()
+        return
+    prefixes = {id(m): name for name, m in model.named_modules()}
+    done = set()
+    for unit in units:
+        unit.unshard()
+        try:
+            for owner, name in gathering.own_parameters(unit):
+                full = f"{prefixes[id(owner)]}.{name}".lstrip(".")
+                if full in state and full not in done:
+                    done.add(full)
+                    yield full, getattr(owner, name)  # the gathered tensor while the unit is unsharded
+        finally:
+            unit.reshard()
+    for name, value in state.items():
+        if name not in done:
+            yield name, value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 class _LoadWeights:
@@ -292,6 +324,7 @@ class VLLMRolloutEngine:
         self.lora_dir = Path(work_dir) / "vllm_lora" / f"rank{distributed.ranks().rank}"
         self.lora_request = None
         self.version = 0
+        self.synced_gathers = 0
         launched = distributed.ranks().distributed
         self.llm = vllm.LLM(**engine_arguments(rollout, model_path, seed, self.lora_rank, launched))
         self.awake = True
@@ -318,8 +351,11 @@ class VLLMRolloutEngine:
         return package(outputs, n, self.pad_id, samples)
 
     def metrics(self) -> dict:
-        """Nothing gathered per rollout: vLLM samples with its own copy of the weights."""
-        return {}
+        """``rollout/weight_sync_gathers``: the all-gathers this rank's weight syncs ran
+        since the last call (one per FSDP2 unit a full sync; vLLM samples with its own
+        copy of the weights, so a rollout gathers nothing)."""
+        count, self.synced_gathers = self.synced_gathers, 0
+        return {"rollout/weight_sync_gathers": count}
 
     def sleep(self) -> None:
         """Free the engine's GPU memory for the update (sleep mode): the KV cache is
@@ -354,6 +390,7 @@ class VLLMRolloutEngine:
         """Copy every weight, bucket by bucket; every parameter of vLLM's model must be
         loaded (after level-2 sleep an unloaded one would hold garbage)."""
         loaded: set = set()
+        self.synced_gathers += weight_gathers(model)
         for bucket in full_weights(model, self.settings.sync_bucket_mb * 2**20):
             for names in self.llm.apply_model(_LoadWeights(bucket)):
                 loaded |= names
