@@ -44,6 +44,18 @@ def completions(n_rows: int, length: int, seed: int = 0):
     return ids, mask
 
 
+def in_setting(family: str, setting: str, tiny_checkpoint, family_prompts):
+    """The family's tiny model in ``setting`` (eval or train mode, with or without
+    gradient checkpointing), two prompts and their G = 2 completions each: (model,
+    inputs, completion ids, their mask, G)."""
+    model, processor = load(tiny_checkpoint(family))
+    if "checkpointing" in setting:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train(setting != "eval")
+    ids, mask = completions(4, 5, seed=1)
+    return model, family_prompts(family, processor), ids, mask, 2
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_group_forward_equals_full_forward(family, tiny_checkpoint, family_prompts):
     model, processor = load(tiny_checkpoint(family))
@@ -66,13 +78,7 @@ def test_group_forward_gradients_equal_full_forward(family, setting, tiny_checkp
     in eval and train mode, and with non-reentrant gradient checkpointing (which keeps
     the shared prompt: it runs once per group either way); ``apart``: the prompt's
     backward run after the completions' (``group_forward(..., apart=True)``)."""
-    model, processor = load(tiny_checkpoint(family))
-    if "checkpointing" in setting:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
-    model.train(setting != "eval")
-    inputs = family_prompts(family, processor)
-    n = 2
-    ids, mask = completions(2 * n, 5, seed=1)
+    model, inputs, ids, mask, n = in_setting(family, setting, tiny_checkpoint, family_prompts)
 
     def grads(fn):
         model.zero_grad(set_to_none=True)
@@ -109,13 +115,7 @@ def test_group_forward_under_bf16_autocast_matches_the_full_forward(family, sett
     norm (0.5% at most), and each tensor's within 10% of its own norm (5% at most
     measured, on layer norms) or 1% of the whole's (0.3%): a tensor whose true gradient is
     about 0, such as a key bias, is rounding alone."""
-    model, processor = load(tiny_checkpoint(family))
-    if "checkpointing" in setting:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
-    model.train(setting != "eval")
-    inputs = family_prompts(family, processor)
-    n = 2
-    ids, mask = completions(2 * n, 5, seed=1)
+    model, inputs, ids, mask, n = in_setting(family, setting, tiny_checkpoint, family_prompts)
 
     def run(fn):
         model.zero_grad(set_to_none=True)
