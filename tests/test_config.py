@@ -232,7 +232,7 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     ran = {}
     monkeypatch.setattr(quickstart.sft, "train", lambda cfg: ran.setdefault("sft", cfg))
     monkeypatch.setattr(quickstart.grpo, "train", lambda cfg: ran.setdefault("grpo", cfg))
-    evaluation = {"accuracy": 0.5, "per_type": {}, "per_source": {}, "rows": 8, "row_accuracy": {}}
+    evaluation = {"accuracy": 0.5, "per_type": {}, "per_source": {}, "rows": 8, "row_accuracy": {}, "answers": {}}
     monkeypatch.setattr(quickstart, "_held_out", lambda *a: evaluation)
     monkeypatch.setattr(quickstart, "_plots", lambda out: None)
     monkeypatch.setattr(quickstart.checkpoint, "latest", lambda out: Path(out) / "checkpoints" / "step-1")
