@@ -23,24 +23,14 @@ from torch.distributed.tensor import DTensor
 
 
 @dataclass
-class _Unit:
-    reshard_after_forward: bool
-    """The unit's setting at wrap time (restored after a held block)."""
-    params: list[tuple[nn.Module, str]]
-    """Its own parameters (not an inner unit's), as (owner module, name): FSDP2 registers
-    the sharded DTensor there while the unit is resharded, the gathered tensor else."""
-    gathered_bytes: int
-    """What one gather of them moves into each rank: their full size in the compute dtype."""
-
-
-@dataclass
 class GatherCount:
     """Bytes all-gathered into this rank while the count was open."""
 
     bytes: int = 0
 
 
-_UNITS: weakref.WeakKeyDictionary[nn.Module, _Unit] = weakref.WeakKeyDictionary()
+# unit -> its reshard_after_forward at wrap time (restored after a held block)
+_UNITS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 _OPEN: ContextVar[GatherCount | None] = ContextVar("omni_rl_gather_count", default=None)
 
 
@@ -60,14 +50,13 @@ def own_parameters(unit: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def track(unit: nn.Module, reshard_after_forward: bool, compute_dtype: torch.dtype | None) -> None:
-    """Remember a unit just sharded (its setting and its own parameters) and count its
+    """Remember a unit just sharded (its ``reshard_after_forward``) and count its
     gathers: call after ``fully_shard``. ``compute_dtype``: the mixed-precision policy's
     ``param_dtype`` (None: the parameters' own)."""
     params = own_parameters(unit)
-    size = sum(
-        getattr(owner, name).numel() * (compute_dtype or getattr(owner, name).dtype).itemsize for owner, name in params
-    )
-    _UNITS[unit] = _Unit(reshard_after_forward, params, size)
+    unique = {id(p): p for p in (getattr(owner, name) for owner, name in params)}  # a tied weight is gathered once
+    size = sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in unique.values())
+    _UNITS[unit] = reshard_after_forward
 
     def count_gather(module, args):
         count = _OPEN.get()
@@ -109,5 +98,5 @@ def held_gathered(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         for unit in units:
-            unit.set_reshard_after_forward(_UNITS[unit].reshard_after_forward, recurse=False)
+            unit.set_reshard_after_forward(_UNITS[unit], recurse=False)
             unit.reshard()
