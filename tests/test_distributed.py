@@ -421,10 +421,12 @@ def half_videos(vowels):
 
 
 def _mixed_config(root: Path, data: Path, strategy: str, **sections) -> Path:
-    """``grpo_config`` with the rows visited in file order."""
+    """``grpo_config`` with the rows visited in file order, each kept on the rank that
+    drew it (no dealing by tokens)."""
     config = grpo_config(root, data, strategy, **sections)
     raw = yaml.safe_load(config.read_text())
     raw["data"]["shuffle"] = False
+    raw["data"]["balance_tolerance"] = None
     config.write_text(yaml.safe_dump(raw))
     return config
 
@@ -483,6 +485,62 @@ def test_video_on_one_rank_and_text_on_the_other_equals_one_process(
     for a, b in zip(metrics(one), rows, strict=True):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def videos_then_texts(vowels):
+    """The vowel questions in pairs: two rows with their video, then the same two
+    without: unshuffled at 4 prompts a step on 2 ranks, rank 0 draws both videos."""
+    rows = [json.loads(line) for line in vowels.read_text().splitlines()]
+    paired = []
+    for i in range(0, len(rows), 2):
+        pair = rows[i : i + 2]
+        texts = [{k: v for k, v in row.items() if k != "videos"} for row in pair]
+        paired += pair + [{**row, "id": f"{row['id']}-text"} for row in texts]
+    out = vowels.with_name("videos_then_texts.jsonl")
+    out.write_text("".join(json.dumps(row) + "\n" for row in paired))
+    return out
+
+
+def test_rows_dealt_by_tokens_train_as_one_process_does(tmp_path, videos_then_texts):
+    """Dealt by prompt tokens (the default), a video row swaps with a text row, so that
+    each rank holds one of each; the completions, rewards and weights are one
+    process's, and the step's tokens per rank are nearer their mean than with
+    ``data.balance_tolerance: null``, where rank 0 keeps both videos."""
+    sections = {
+        "data": {"prompts_per_step": 4, "shuffle": False},
+        # frames large enough that 2 videos against 2 texts are well past the 5% bound
+        "media": {"max_frames": 8, "video_min_pixels": 12544, "video_max_pixels": 12544},
+        **MICRO,
+    }
+    runs = {}
+    for name, processes, strategy, tolerance in (
+        ("single", 1, "single", 0.05),
+        ("dealt", 2, "fsdp", 0.05),
+        ("kept", 2, "fsdp", None),
+    ):
+        config = grpo_config(tmp_path / name, videos_then_texts, strategy, **sections)
+        raw = yaml.safe_load(config.read_text())
+        raw["data"]["balance_tolerance"] = tolerance
+        config.write_text(yaml.safe_dump(raw))
+        if processes == 1:
+            launch(config, 1)
+        else:
+            _launch_within(config, 2, 300)
+        runs[name] = tmp_path / name / "run"
+    assert_same_weights(weights(runs["single"], 3), weights(runs["dealt"], 3))
+    one, dealt, kept = (metrics(runs[name]) for name in ("single", "dealt", "kept"))
+    for a, b in zip(one, dealt, strict=True):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+        assert a["response/length_mean"] == b["response/length_mean"]
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+    for d, k in zip(dealt, kept, strict=True):
+        assert d["balance/moved_rows"] == 2 and k["balance/moved_rows"] == 0
+        drawn = d["balance/prompt_max_over_mean_drawn"]
+        assert drawn == k["balance/prompt_max_over_mean_drawn"] == k["balance/prompt_max_over_mean"] > 1.08
+        assert d["balance/prompt_max_over_mean"] < 1.01
+        assert d["balance/max_over_mean"] < k["balance/max_over_mean"]
+    assert all(r["balance/moved_rows"] == 0 and r["balance/prompt_max_over_mean"] == 1.0 for r in one)
 
 
 def test_sft_with_video_on_one_rank_and_text_on_the_other_equals_one_process(tmp_path, shapes):

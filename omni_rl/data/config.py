@@ -99,6 +99,12 @@ class DataConfig:
     """The question shown to the model; fields: {problem}, {options} and any row field."""
     prompts_per_step: int = 4
     """Prompts sampled per step (each gets rollout.n completions)."""
+    balance_tolerance: float | None = 0.05
+    """Under several processes, each step's rows are dealt to ranks by their prompt
+    tokens (media included): rows are swapped between ranks, each rank keeping its
+    count, until the rank with the most tokens is within this fraction of the mean; a
+    row that moves is encoded again on its new rank (``balance/moved_rows``). null: each
+    rank keeps the slice of the draw it encoded (``balance/*`` still log the imbalance)."""
     shuffle: bool = True
     """Visit the rows in a seeded random order, reshuffled every epoch (under the UCB
     sampler: each source's rows)."""
@@ -114,6 +120,7 @@ class DataConfig:
 
     def __post_init__(self):
         require(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
+        require(self.balance_tolerance is None or self.balance_tolerance >= 0, "balance_tolerance", "must be >= 0")
         names = [e.name for e in self.eval]
         require(len(names) == len(set(names)), "eval", f"two eval sets share a name ({names}); set name:")
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -250,10 +250,34 @@ def setup_data(cfg):
     return dataset, sampler
 
 
-def draw_rows(dataset, sampler, count: int, processor, refuse=None) -> list[tuple]:
+@dataclass
+class Balance:
+    """How a step's rows are dealt to ranks (``data.balance_tolerance``: None keeps each
+    rank's slice of the draw) and what the dealing did, summed over the step's draws."""
+
+    tolerance: float | None
+    moved: int = 0
+    drawn: list[float] = field(default_factory=list)
+    dealt: list[float] = field(default_factory=list)
+
+    def metrics(self) -> dict:
+        """The same on every rank: rows encoded again on another rank, and the prompt
+        tokens of the heaviest rank over the mean, as drawn and as dealt (mean of the
+        step's draws)."""
+        if not self.drawn:
+            return {}
+        return {
+            "balance/moved_rows": self.moved,
+            "balance/prompt_max_over_mean_drawn": sum(self.drawn) / len(self.drawn),
+            "balance/prompt_max_over_mean": sum(self.dealt) / len(self.dealt),
+        }
+
+
+def draw_rows(dataset, sampler, count: int, processor, refuse=None, balance: Balance | None = None) -> list[tuple]:
     """This rank's next ``count`` usable rows, as (draw number in the run, sample,
     model inputs). Every rank draws the same global indices from the shared sampler and
-    takes its own slice, refilling together until every rank has its count.
+    takes its own slice, refilling together until every rank has its count; then, with
+    ``balance``, rows are swapped between ranks by their prompt tokens (``_deal``).
 
     A bad row is skipped (reported once and counted by ``MediaDataset.encoded``), and so
     is a row for which ``refuse(sample, inputs)`` gives a reason (the caller counts
@@ -264,7 +288,7 @@ def draw_rows(dataset, sampler, count: int, processor, refuse=None) -> list[tupl
     while True:
         needs = distributed.all_gather_ints(count - len(rows))
         if not sum(needs):
-            return rows
+            break
         first = sampler.drawn
         indices = sampler.next_batch(sum(needs))
         start = sum(needs[:rank])
@@ -277,12 +301,47 @@ def draw_rows(dataset, sampler, count: int, processor, refuse=None) -> list[tupl
             if reason is not None:
                 refused[reason] = refused.get(reason, 0) + 1
                 continue
-            rows.append((drawn, *got))
+            rows.append((drawn, index, *got))
         if bad + sum(refused.values()) > 100 * max(count, 1):
             why = [f"{n} {reason}" for reason, n in refused.items()]
             if bad:
                 why.append(f"{bad} draws of bad rows (the log names them)")
             raise OmniRLError(f"{dataset.data}: nearly every row drawn is skipped: {'; '.join(why)}")
+    if balance is not None:
+        rows = _deal(rows, dataset, processor, balance)
+    return [(drawn, sample, inputs) for drawn, _, sample, inputs in rows]
+
+
+def _deal(rows: list[tuple], dataset, processor, balance: Balance) -> list[tuple]:
+    """This rank's rows once every rank's (draw number, row index, sample, inputs) are
+    dealt by prompt tokens (``balance_by_swaps``, each rank keeping its count); a row
+    that comes from another rank is encoded again here. In draw order."""
+    ranks = distributed.ranks()
+    every = distributed.gather_objects([(ranks.rank, d, i, inputs["input_ids"].shape[-1]) for d, i, _, inputs in rows])
+    owners, tokens = [o for o, *_ in every], [t for *_, t in every]
+    dealt = owners
+    if balance.tolerance is not None:
+        dealt = balance_by_swaps(tokens, owners, ranks.world_size, balance.tolerance)
+    balance.drawn.append(max_over_mean(rank_loads(tokens, owners, ranks.world_size)))
+    balance.dealt.append(max_over_mean(rank_loads(tokens, dealt, ranks.world_size)))
+    balance.moved += sum(a != b for a, b in zip(owners, dealt, strict=True))
+    own = {row[0]: row for row in rows}
+    out = []
+    for (owner, drawn, index, _), new in zip(every, dealt, strict=True):
+        if new != ranks.rank:
+            continue
+        if owner == ranks.rank:
+            out.append(own[drawn])
+            continue
+        got = dataset.encoded(index, processor)
+        if got is None:
+            raise OmniRLError(
+                f"{dataset.data}: row {index} encoded on rank {owner} but not on rank {ranks.rank}, "
+                "where balancing moved it: do the ranks read the same files? (data.balance_tolerance: null "
+                "keeps each row on the rank that drew it)"
+            )
+        out.append((drawn, index, *got))
+    return sorted(out, key=lambda row: row[0])
 
 
 def per_rank(count: int, ranks: Ranks, name: str) -> int:
@@ -347,6 +406,60 @@ def pack_by_tokens(lengths: list[tuple[int, int]], budget: int, max_items: int =
         else:
             batches.append([item])
     return [sorted(b) for b in batches]
+
+
+def rank_loads(tokens: list[int], owners: list[int], world: int) -> list[int]:
+    """Tokens per rank, of items held by ``owners``."""
+    out = [0] * world
+    for count, owner in zip(tokens, owners, strict=True):
+        out[owner] += count
+    return out
+
+
+def max_over_mean(loads: list[float]) -> float:
+    """The heaviest rank's load over the mean load (1.0 when all are equal or empty)."""
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return max(loads) / mean if mean else 1.0
+
+
+def balance_by_swaps(tokens: list[int], owners: list[int], world: int, tolerance: float) -> list[int]:
+    """Owners (ranks) of items after swapping items between ranks until the heaviest
+    rank's tokens are within ``tolerance`` of the mean, each rank keeping its count.
+
+    Each swap trades an item of the heaviest rank for a shorter one of the lightest rank
+    it can improve, the pair whose difference comes nearest half their gap: the sum of
+    squared loads falls with every swap, so it ends, and few items move (none when the
+    ranks are already within the bound).
+
+    Args:
+        tokens: per item, its token count.
+        owners: per item, the rank that holds it now (0 <= owner < world).
+    """
+    owners = list(owners)
+    loads = rank_loads(tokens, owners, world)
+    mean = sum(loads) / world
+    while max(loads) > (1 + tolerance) * mean:
+        heavy = max(range(world), key=lambda r: (loads[r], -r))
+        swap = None
+        for light in sorted(range(world), key=lambda r: (loads[r], r)):
+            gap = loads[heavy] - loads[light]
+            if gap <= 0:
+                break
+            best = gap  # |gap - 2d| < gap exactly when 0 < d < gap
+            for a in (i for i, o in enumerate(owners) if o == heavy):
+                for b in (j for j, o in enumerate(owners) if o == light):
+                    d = tokens[a] - tokens[b]
+                    if 0 < d < gap and abs(gap - 2 * d) < best:
+                        best, swap = abs(gap - 2 * d), (a, b, light, d)
+            if swap is not None:
+                break
+        if swap is None:
+            return owners
+        a, b, light, d = swap
+        owners[a], owners[b] = light, heavy
+        loads[heavy] -= d
+        loads[light] += d
+    return owners
 
 
 class Timer:

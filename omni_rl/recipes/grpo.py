@@ -32,10 +32,12 @@ from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
+    Balance,
     Timer,
     draw_rows,
     finish_run,
     last_row,
+    max_over_mean,
     model_dir,
     pack_by_tokens,
     per_rank,
@@ -69,10 +71,13 @@ class Batch:
     filler: bool = False
 
 
-def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, max_prompt: int) -> Batch:
-    """This rank's ``count`` prompts (``draw_rows``: bad rows are skipped), skipping
-    and counting those longer than the limit ``max_prompt`` (their media tokens are
-    never cut); each prompt's sampling seed follows from its draw number."""
+def _draw(
+    dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dict, max_prompt: int, balance: Balance
+) -> Batch:
+    """This rank's ``count`` prompts (``draw_rows``: bad rows are skipped, rows dealt to
+    ranks by their tokens), skipping and counting those longer than the limit
+    ``max_prompt`` (their media tokens are never cut); each prompt's sampling seed
+    follows from its draw number, wherever it is dealt."""
 
     def too_long(sample: Sample, inputs: dict) -> str | None:
         if inputs["input_ids"].shape[1] <= max_prompt:
@@ -81,7 +86,7 @@ def _draw(dataset, sampler, count: int, processor, cfg: GRPOConfig, skipped: dic
         limit = cfg.rollout.max_prompt_length
         return f"prompts over the rollout engine's limit of {max_prompt} tokens (rollout.max_prompt_length={limit})"
 
-    drawn = draw_rows(dataset, sampler, count, processor, too_long)
+    drawn = draw_rows(dataset, sampler, count, processor, too_long, balance)
     seeds = [prompt_seed(cfg.run.seed, number, cfg.rollout.n) for number, _, _ in drawn]
     return Batch([sample for _, sample, _ in drawn], [inputs for _, _, inputs in drawn], seeds)
 
@@ -131,14 +136,17 @@ def _mix_offline(samples: list[Sample], rollouts, scored: list, tokenizer, cfg: 
     return rollouts, scored
 
 
-def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, skipped: dict, mixed: dict, timer):
+def _collect(
+    dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, skipped: dict, mixed: dict, balance: Balance, timer
+):
     """Sample, roll out and score until this rank has its share of ``prompts_per_step``
     (with dynamic sampling: prompts whose G rewards differ, within
     ``max_resample_rounds`` extra rounds; every rank rolls out as many prompts per round
     so that collectives stay in step); rows' offline answers are mixed into their
     groups first (``_mix_offline``, counted in ``mixed``). Returns (batch, rollouts,
     results, rewards [B*G], filtered: the data source of each completion of the groups
-    dynamic sampling dropped, which taught nothing)."""
+    dynamic sampling dropped, which taught nothing); ``balance`` records how each
+    round's rows were dealt to ranks."""
     algo, n = cfg.algorithm, cfg.rollout.n
     want = per_rank(cfg.data.prompts_per_step, distributed.ranks(), "data.prompts_per_step")
     pad = processor.tokenizer.pad_token_id
@@ -150,7 +158,8 @@ def _collect(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, sk
             break
         rounds += 1
         with timer("rollout"):
-            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, rollout.max_prompt_tokens(cfg.rollout))
+            limit = rollout.max_prompt_tokens(cfg.rollout)
+            drawn = _draw(dataset, sampler, short, processor, cfg, skipped, limit, balance)
             rollouts = rollout.rollout(drawn.samples, drawn.encoded, n, sampling, drawn.seeds)
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
@@ -282,6 +291,14 @@ def _offline_metrics(mixed: dict, mode: str) -> dict:
     return row
 
 
+def _tokens(batch: Batch, rollouts) -> int:
+    """This rank's tokens of the step: its prompts (media included) and completions
+    (none for a filler group, which trains with zero weight)."""
+    if batch.filler:
+        return 0
+    return sum(inputs["input_ids"].shape[-1] for inputs in batch.encoded) + int(rollouts.lengths.sum())
+
+
 def _rollout_metrics(rollouts) -> dict:
     """Response lengths over every rank's completions."""
     count, total, clipped, longest = distributed.all_sum(
@@ -333,8 +350,9 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
         mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
+        balance = Balance(cfg.data.balance_tolerance)
         batch, rollouts, results, rewards, filtered = _collect(
-            dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, timer
+            dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, balance, timer
         )
         rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
         types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
@@ -379,6 +397,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **dataset.load_report(),
             **sampler.metrics(),
             **_offline_metrics(mixed, algo.offline_responses),
+            **balance.metrics(),
+            "balance/max_over_mean": max_over_mean(distributed.all_gather_ints(_tokens(batch, rollouts))),
         }
         row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
         evaluated = heldout.add_to(row, engine, processor)

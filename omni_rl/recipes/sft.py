@@ -23,10 +23,12 @@ from omni_rl.models.forward import (
 )
 from omni_rl.models.inputs import IGNORE_INDEX, append_completion, collate_prompts
 from omni_rl.recipes.common import (
+    Balance,
     Timer,
     draw_rows,
     finish_run,
     last_row,
+    max_over_mean,
     pack_by_tokens,
     per_rank,
     resume_steps,
@@ -46,13 +48,13 @@ def render_target(template: str, sample: Sample) -> str:
         raise OmniRLError(f"sft.target_template field {err} is not in row '{sample.id}'") from None
 
 
-def _encode(dataset, sampler, count: int, processor, cfg: SFTConfig) -> list[tuple[dict, list[int]]]:
+def _encode(dataset, sampler, count: int, processor, cfg: SFTConfig, balance: Balance) -> list[tuple[dict, list[int]]]:
     """This rank's ``count`` rows of the step (``draw_rows``: a bad row is skipped and
-    another drawn in its place), each as its encoded prompt (with media) and its
-    target's token ids (+ end token)."""
+    another drawn in its place, rows dealt to ranks by their prompt tokens), each as its
+    encoded prompt (with media) and its target's token ids (+ end token)."""
     tokenizer = processor.tokenizer
     rows = []
-    for _, sample, inputs in draw_rows(dataset, sampler, count, processor):
+    for _, sample, inputs in draw_rows(dataset, sampler, count, processor, balance=balance):
         target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
         rows.append((inputs, tokenizer(target, add_special_tokens=False)["input_ids"]))
     return rows
@@ -133,7 +135,8 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         timer = Timer()
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
-            encoded = _encode(dataset, sampler, rows, processor, cfg)
+            balance = Balance(cfg.data.balance_tolerance)
+            encoded = _encode(dataset, sampler, rows, processor, cfg, balance)
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
             # first with zero weight, so that sharded forwards stay in step
@@ -162,6 +165,10 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             **dataset.load_report(),
             **engine.metrics(),
             **distributed.mean_metrics(timer.metrics()),
+            **balance.metrics(),
+            "balance/max_over_mean": max_over_mean(
+                distributed.all_gather_ints(sum(p["input_ids"].shape[-1] + len(t) for p, t in encoded))
+            ),
         }
         evaluated = heldout.add_to(row, engine, processor)
         log.log(row, force=evaluated or step + 1 == cfg.trainer.steps)
