@@ -404,3 +404,36 @@ def test_the_vllm_engine_says_what_it_needs(tmp_path, clips, tiny, capsys):
     assert main([*base, "--set", "rollout.engine=vllm"]) == 2
     assert "rollout.engine 'vllm' needs" in capsys.readouterr().err
     assert not (tmp_path / "out" / curate.PASSES).exists()
+
+
+def test_a_resumed_run_says_from_how_many_rows_and_that_it_dropped_a_cut_line(
+    tmp_path, clips, tiny, monkeypatch, caplog, capsys
+):
+    """A run, its progress file's last line cut short, a second run: one line says the
+    cut line was dropped, one says the run resumed from the 11 rows left whole, and the
+    table carries the unasked column the guide names."""
+    monkeypatch.setattr(curate, "answer_rows", canned(lambda sample: None))
+    out = tmp_path / "curated"
+    args = ["curate", "text-only", str(clips), "--model", str(tiny), "--out", str(out), "--samples", "4", *SETS]
+    assert main(args) == 0
+    assert "unasked" in capsys.readouterr().out.splitlines()[0]
+    passes = out / curate.PASSES
+    lines = passes.read_text().splitlines()
+    passes.write_text("\n".join(lines[:11]) + "\n" + lines[11][:20])
+    with caplog.at_level("WARNING", logger="omni_rl.evaluation.curate"):
+        assert main(args) == 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(str(passes))]
+    assert said == [
+        f"{passes}:12: a line cut short (not valid JSON) is dropped; its row is asked again",
+        f"{passes}: resumed: 11 of 12 rows were asked before by this model, seed and asking; 1 row left to ask",
+    ]
+
+
+def test_difficulty_prints_no_line_against_the_decoy_labels():
+    """The decoy recall and precision score a text-only curation; a difficulty run on the
+    same labelled rows neither reports nor prints them."""
+    rows = [Row(f"r{i}", "q", "multiple_choice", "A", fields={"decoy": i < 2}) for i in range(4)]
+    done = {f"r{i}": {"pass_rate": 1.0} for i in range(4)}
+    result = curate.report(rows, done, curate.Difficulty(0.0, 1.0))
+    assert "labelled" not in result and "decoy" not in curate.report_table(result)
+    assert "labelled" in curate.report(rows, done, curate.TextOnly(0.875))

@@ -57,6 +57,8 @@ class TextOnly:
     threshold: float = 0.875
     name = "text-only"
     rate_key = "text_only_pass_rate"
+    scores_decoys = True
+    """Its drops are scored against the decoy labels (a decoy is a row its wording answers)."""
 
     def drops(self, rate: float) -> bool:
         return rate >= self.threshold
@@ -76,6 +78,8 @@ class Difficulty:
     high: float = 1.0
     name = "difficulty"
     rate_key = "pass_rate"
+    scores_decoys = False
+    """A decoy is as easy with its media as without: the labels say nothing of these drops."""
 
     def drops(self, rate: float) -> bool:
         return not self.low < rate < self.high
@@ -96,14 +100,16 @@ def without_media(row: Row) -> dict:
 
 
 def read_passes(path: Path, curation: str = "text-only") -> dict[str, dict]:
-    """{row id: its record} of a progress file; a line cut short by a kill is left out.
-    A file another kind of curation wrote is refused (its pass rates mean another thing)."""
-    done = {}
+    """{row id: its record} of a progress file. A line cut short by a kill (not valid
+    JSON) is left out, and one log line says so. A file another kind of curation wrote
+    is refused (its pass rates mean another thing)."""
+    done, cut = {}, []
     if path.is_file():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
+                cut.append(number)
                 continue
             if isinstance(record, dict) and "id" in record and "pass_rate" in record:
                 if record.get("curation", "text-only") != curation:
@@ -112,6 +118,15 @@ def read_passes(path: Path, curation: str = "text-only") -> dict[str, dict]:
                         "give this run another --out"
                     )
                 done[record["id"]] = record
+    if len(cut) == 1:
+        log.warning("%s:%d: a line cut short (not valid JSON) is dropped; its row is asked again", path, cut[0])
+    elif cut:
+        log.warning(
+            "%s: %d lines are not valid JSON (cut short), first at line %d: dropped; their rows are asked again",
+            path,
+            len(cut),
+            cut[0],
+        )
     return done
 
 
@@ -227,6 +242,14 @@ def curate(
         mode = "prefer_cache" if cache else "no_cache"
         dataset = MediaDataset(data, budgets, cache, mode, prompt_template=prompt_template, columns=columns)
     todo = [i for i, row in enumerate(dataset.rows) if row.id not in done]
+    if len(todo) < len(dataset.rows) and where.is_main:
+        log.warning(
+            "%s: resumed: %d of %d rows were asked before by this model, seed and asking; %s left to ask",
+            out / PASSES,
+            len(dataset.rows) - len(todo),
+            len(dataset.rows),
+            count(len(todo), "row"),
+        )
     chunks = [todo[s : s + asking.chunk_rows] for s in range(0, len(todo), asking.chunk_rows)]
     shown = progress and where.is_main
     bar = tqdm(total=len(dataset.rows), initial=len(done), desc=rule.name, unit="row", disable=not shown)
@@ -314,7 +337,7 @@ def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, 
         "overall": _group(everything, rule),
         **{name: {k: _group(v, rule) for k, v in sorted(g.items())} for name, g in groups.items()},
     }
-    if any(LABEL in row.fields for row in rows):
+    if rule.scores_decoys and any(LABEL in row.fields for row in rows):
         result["labelled"] = against_labels(rows, done, rule)
     return result
 
@@ -351,12 +374,13 @@ def _group(entries: list[tuple[float | None, float | None]], rule: TextOnly | Di
 
 def report_table(result: dict) -> str:
     """The report as plain text: a line per problem type and per data source."""
-    lines = [f"{'':<30}{'rows':>6}{'dropped':>9}{'share':>8}{'pass rate':>11}{'chance':>8}"]
+    lines = [f"{'':<30}{'rows':>6}{'unasked':>9}{'dropped':>9}{'share':>8}{'pass rate':>11}{'chance':>8}"]
 
     def line(name: str, g: dict) -> str:
         rate = "-" if g["pass_rate"] is None else f"{g['pass_rate']:.3f}"
         odds = "-" if g["chance"] is None else f"{g['chance']:.2f}"
-        return f"{name:<30}{g['rows']:>6}{g['dropped']:>9}{g['dropped_share']:>8.2f}{rate:>11}{odds:>8}"
+        counts = f"{g['rows']:>6}{g['unasked']:>9}{g['dropped']:>9}{g['dropped_share']:>8.2f}"
+        return f"{name:<30}{counts}{rate:>11}{odds:>8}"
 
     for title, key in (("problem type", "per_type"), ("data source", "per_source")):
         lines.append(f"{title}:")
@@ -375,3 +399,8 @@ def report_table(result: dict) -> str:
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 row", "2 rows"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
