@@ -215,6 +215,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from omni_rl.recipe_loader import load_config, runner
     from omni_rl.recipe_table import recipe_of, trainable
+    from omni_rl.recipes.inputs import check_inputs
 
     path = _config_file(args, "train", "CONFIG")
     cfg = load_config(path, [*args.overrides, *(["run.overwrite=true"] if args.overwrite else [])])
@@ -224,6 +225,7 @@ def _train(args: argparse.Namespace) -> int:
             f"{path}: recipe '{recipe.name}' is not trainable with 'omni-rl train' "
             f"(run it with {recipe.command}); trainable: {', '.join(trainable())}"
         )
+    check_inputs(cfg, path)  # before the run loads a model or writes its output_dir
     from omni_rl.engine import distributed
 
     try:

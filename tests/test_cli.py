@@ -227,3 +227,36 @@ def test_tiny_model_loads_in_plain_transformers(tmp_path):
     )
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == ["Qwen2_5_VLForConditionalGeneration", "8"]
+
+
+def test_train_checks_every_input_path_before_it_loads_or_writes(tmp_path, capsys):
+    """A missing input is one error naming each config field and its path, and the run's
+    output directory is not even made (it used to write config.yaml, then load the model)."""
+    out = tmp_path / "run"
+    flow = [
+        "train",
+        "configs/pixel_targets_pi0_tiny.yaml",
+        f"--set=run.output_dir={out}",
+        f"--set=policy.path={tmp_path / 'pi0_tiny'}",
+        f"--set=bc.demos={tmp_path / 'demos.safetensors'}",
+    ]
+    assert main(flow) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"policy.path: {tmp_path / 'pi0_tiny'}: no such directory" in err
+    assert f"bc.demos: {tmp_path / 'demos.safetensors'}: no such file" in err
+    assert not out.exists()
+    grpo = [
+        "train",
+        "configs/grpo_tiny_shapes.yaml",
+        f"--set=run.output_dir={out}",
+        f"--set=data.train={tmp_path / 'train.jsonl'}",
+        f"--set=data.cache={tmp_path / 'cache'}",
+        "--set=data.cache_mode=cache_only",
+        f"--set=model.path={tmp_path / 'model'}",
+    ]
+    assert main(grpo) == 2
+    err = capsys.readouterr().err
+    for name, path in (("data.train", "train.jsonl"), ("data.cache", "cache"), ("model.path", "model")):
+        assert f"{name}: {tmp_path / path}: no such" in err, err
+    assert not out.exists()

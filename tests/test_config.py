@@ -276,7 +276,7 @@ def test_data_eval_sets_are_checked_when_the_config_loads():
         load_config(None, ["data.eval=[{data: held.jsonl}]", "trainer.best_metric=eval/other/accuracy"], recipe="grpo")
 
 
-def test_grpo_without_data_train_fails_when_training_starts(tmp_path, capsys):
+def test_grpo_without_data_train_fails_before_training_starts(tmp_path, capsys):
     from omni_rl.cli import main
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}"], recipe="grpo")  # loads: a default may lack data
@@ -284,4 +284,6 @@ def test_grpo_without_data_train_fails_when_training_starts(tmp_path, capsys):
     path = tmp_path / "grpo.yaml"
     path.write_text(f"recipe: grpo\nrun:\n  output_dir: {tmp_path / 'run'}\n  threads: 2\n")
     assert main(["train", str(path)]) == 2
-    assert "omni-rl: error: data.train must name a dataset file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"omni-rl: error: {path}: missing inputs: data.train: unset: must name a file" in err
+    assert not (tmp_path / "run").exists()  # found before the run made its output_dir

@@ -529,3 +529,15 @@ def test_fields_left_unset_take_their_modes_defaults(tmp_path):
     assert cfg.policy.sigma_min is None and cfg.ppo.setting("entropy_coef") == 0.005
     with pytest.raises(ConfigError, match=r"ppo\.entropy_coef: does nothing under policy\.method: flow_sde"):
         load_config(None, ["policy.method=flow_sde", "ppo.entropy_coef=0.01"], recipe="quickstart_sim")
+
+
+def test_cloning_says_it_runs_bc_steps_whatever_trainer_steps_says(tmp_path, point_mass_demos, capsys):
+    """``bc.steps`` counts cloning's optimizer steps and ``trainer.steps`` PPO's iterations:
+    the line that starts cloning says both, so a short ``trainer.steps`` is not mistaken
+    for a short run."""
+    cfg = _config(tmp_path, bc={"demos": str(point_mass_demos), "steps": 3}, trainer={"steps": 1, "eval_episodes": 16})
+    flow_ppo.train(cfg)
+    err = capsys.readouterr().err
+    said = "behaviour cloning: 3 optimizer steps (bc.steps, whatever trainer.steps says: its 1 are the PPO steps after"
+    assert said in err, err
+    assert (tmp_path / "run" / "bc" / "metrics.jsonl").read_text().count("\n") == 1  # its last step, 3

@@ -58,6 +58,7 @@ from omni_rl.recipes.common import (
     per_rank,
     resume_steps,
     save_if_due,
+    say,
     start_run,
 )
 from omni_rl.recipes.flow_ppo_config import FlowPPOConfig
@@ -250,9 +251,15 @@ def cloning_loss(engine: TrainingEngine, demos: Demos, size: int, stream: torch.
 def behaviour_clone(
     engine: TrainingEngine, demos: Demos, cfg: FlowPPOConfig, run: Run, stream: torch.Generator, log: MetricsLog
 ) -> float:
-    """Fit the velocity field to the demonstrations; returns the last logged loss.
+    """Fit the velocity field to the demonstrations for ``bc.steps`` optimizer steps
+    (``trainer.steps`` counts the PPO steps after them); returns the last logged loss.
     Each step's loss averages over a global batch (``cloning_loss``)."""
     size = min(cfg.bc.batch_size, demos.obs.shape[0])
+    say(
+        run.ranks,
+        f"behaviour cloning: {cfg.bc.steps} optimizer steps (bc.steps, whatever trainer.steps says: its "
+        f"{cfg.trainer.steps} are the PPO steps after cloning) on {demos.obs.shape[0]} chunks of {cfg.bc.demos}",
+    )
     running = 0.0
     for step in tqdm(range(1, cfg.bc.steps + 1), desc="bc", unit="step", disable=not run.ranks.is_main):
         loss = cloning_loss(engine, demos, size, stream)

@@ -201,7 +201,8 @@ class BCConfig:
     episodes: int | None = None
     """Use only the first this many demo episodes (few-shot SFT); unset: all."""
     steps: int = 1000
-    """Optimizer steps."""
+    """Optimizer steps of cloning, all of them before RL whatever ``trainer.steps`` says
+    (that counts the PPO steps after cloning)."""
     lr: float = 1e-3
     """Learning rate."""
     batch_size: int = 256
