@@ -28,6 +28,12 @@ class RowFailure:
     path: str
     reason: str
 
+    def __str__(self) -> str:
+        """``file:line id: reason``; ``file:line: reason`` for a row with no id (a line
+        that is not JSON)."""
+        where = f"{self.path} {self.id}" if self.id else self.path
+        return f"{where}: {self.reason}"
+
     def to_json(self) -> str:
         return json.dumps({"id": self.id, "path": self.path, "reason": self.reason}, ensure_ascii=False)
 

@@ -334,7 +334,8 @@ def test_a_row_that_cannot_be_read_is_named_and_counted(tmp_path, clips, tiny, m
     out = tmp_path / "curated"
     with caplog.at_level("WARNING", logger="omni_rl.evaluation.curate"):
         assert main(["curate", "text-only", str(data), "--model", str(tiny), "--out", str(out), *SETS]) == 0
-    assert "1 rows cannot be read and are left out, first:" in caplog.text and "with_bad.jsonl:13" in caplog.text
+    assert "1 row cannot be read (left out of kept.jsonl and dropped.jsonl), first:" in caplog.text
+    assert "with_bad.jsonl:13 bad:" in caplog.text
     report = json.loads((out / "report.json").read_text())
     assert report["refused_rows"] == 1 and report["overall"]["unasked"] == 12
 
@@ -437,3 +438,54 @@ def test_difficulty_prints_no_line_against_the_decoy_labels():
     result = curate.report(rows, done, curate.Difficulty(0.0, 1.0))
     assert "labelled" not in result and "decoy" not in curate.report_table(result)
     assert "labelled" in curate.report(rows, done, curate.TextOnly(0.875))
+
+
+GHOST = {
+    "id": "ghost-1",
+    "problem": "<video> Which way does the square move?",
+    "problem_type": "multiple_choice",
+    "answer": "A",
+    "options": ["left", "right"],
+    "videos": ["media/no_such_clip.mp4"],
+}
+
+
+@pytest.mark.parametrize("kind", ["text-only", "difficulty"])
+def test_a_row_whose_media_are_missing_goes_to_dropped_with_its_reason(
+    tmp_path, clips, tiny, monkeypatch, caplog, kind
+):
+    """A row naming a clip that is not there is not asked; it goes to dropped.jsonl with
+    the reason under 'unusable' (training would refuse it), one log line says so, and
+    the report counts it apart from the rows asked."""
+    data = clips.parent / f"ghost_{kind}.jsonl"  # beside the clips, so the other media paths resolve
+    data.write_text(clips.read_text() + json.dumps(GHOST) + "\n")
+    asked = []
+    monkeypatch.setattr(curate, "answer_rows", canned(lambda sample: asked.append(sample.id)))
+    out = tmp_path / "curated"
+    with caplog.at_level("WARNING"):
+        assert main(["curate", kind, str(data), "--model", str(tiny), "--out", str(out), "--samples", "4", *SETS]) == 0
+    assert "ghost-1" not in asked and len(asked) == 12
+    assert "ghost-1" not in (out / "kept.jsonl").read_text()
+    dropped = {r["id"]: r for r in map(json.loads, (out / "dropped.jsonl").read_text().splitlines())}
+    assert dropped["ghost-1"]["unusable"] == f"{clips.parent / 'media' / 'no_such_clip.mp4'}: no such file"
+    ghost_lines = [r.getMessage() for r in caplog.records if "ghost-1" in r.getMessage()]
+    assert ghost_lines == [
+        f"{data}: 1 row cannot be used for training (not asked; written to dropped.jsonl, each with its reason "
+        f"under 'unusable'), first: {data}:13 ghost-1: {clips.parent / 'media' / 'no_such_clip.mp4'}: no such file"
+    ]
+    report = json.loads((out / "report.json").read_text())
+    assert report["unusable_rows"] == 1 and report["overall"]["rows"] == 12 and report["overall"]["unasked"] == 0
+
+
+def test_a_line_that_cannot_be_read_is_reported_once(tmp_path, clips, tiny, monkeypatch, caplog):
+    """curate difficulty reads the rows twice (to split them, and with their media to ask
+    them): an invalid line is still reported in one line, '1 row', with no stray space."""
+    data = clips.parent / "cut.jsonl"
+    data.write_text(clips.read_text() + '{"id": "x", "problem"\n')
+    monkeypatch.setattr(curate, "answer_rows", canned(lambda sample: None))
+    out = tmp_path / "curated"
+    with caplog.at_level("WARNING"):
+        assert main(["curate", "difficulty", str(data), "--model", str(tiny), "--out", str(out), *SETS]) == 0
+    said = [r.getMessage() for r in caplog.records if f"{data}:13" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{data}: 1 row cannot be read (left out of kept.jsonl and ")
+    assert f"{data}:13: invalid JSON" in said[0]

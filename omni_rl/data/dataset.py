@@ -157,6 +157,8 @@ class MediaDataset:
         strict: a row that cannot be used is an error, not a skip.
         prompt_template: how a row becomes the question text (see ``render_prompt``).
         columns: the dataset's own keys renamed to the schema's (``{"question": "problem"}``).
+        report_refused: log the refused rows; False for a caller that reports
+            ``failures`` itself (curation, which writes them out).
 
     Every check that needs no decoding runs here, before any training:
     - the row schema (``omni_rl.preprocess.rows``);
@@ -183,6 +185,7 @@ class MediaDataset:
         strict: bool = False,
         prompt_template: str = DEFAULT_TEMPLATE,
         columns: dict[str, str] | None = None,
+        report_refused: bool = True,
     ):
         if cache_mode not in CACHE_MODES:
             raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
@@ -213,7 +216,7 @@ class MediaDataset:
         self._drop([RowFailure(p.id, p.path, p.reason) for p in problems])
         self._drop(self._media_failures())
         self._drop(self._cached_failures())
-        if self.failures:
+        if self.failures and (report_refused or strict):
             _report(self.data, self.failures, strict)
         self.strict = strict
         self.bad: dict[str, RowFailure] = {}  # row id -> why it failed as it was read
@@ -472,9 +475,9 @@ def _report(data: Path, failures: list[RowFailure], strict: bool) -> None:
     ``strict`` the first is an error."""
     if strict:
         first = failures[0]
-        raise OmniRLError(f"{first.path} {first.id}: {first.reason} (data.strict: {len(failures)} rows refused)")
+        raise OmniRLError(f"{first} (data.strict: {len(failures)} rows refused)")
     for failure in failures[:MAX_REPORTED]:
-        log.warning("%s %s: %s (row skipped)", failure.path, failure.id or "", failure.reason)
+        log.warning("%s (row skipped)", failure)
     if len(failures) > MAX_REPORTED:
         more = len(failures) - MAX_REPORTED
         log.warning("%s: %d more rows skipped (the run's data/rows_refused counts them all)", data, more)

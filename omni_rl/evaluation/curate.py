@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from omni_rl.data.dataset import PLACEHOLDER, MediaDataset
 from omni_rl.engine import distributed
-from omni_rl.errors import OmniRLError
+from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.evaluation.answer import answer_rows, gathered
 from omni_rl.evaluation.score import score_rows
 from omni_rl.evaluation.summary import chance
@@ -188,6 +188,56 @@ def _shown(field: str, value) -> str:
     return json.dumps(value) if field == "prompt_template" else str(value)
 
 
+def as_training_reads(
+    data: str | Path,
+    budgets: Budgets,
+    cache: str | None,
+    rule: TextOnly | Difficulty,
+    prompt_template: str,
+    columns: dict[str, str] | None,
+) -> MediaDataset:
+    """``data`` as training reads it, from ``cache`` where it holds a row's media (the
+    rows ``Difficulty`` asks); its ``failures`` name the rows training would refuse
+    (media missing, a gold answer no scorer can match, a row preprocess could not
+    cache), which curate reports itself. ``TextOnly`` decodes nothing, so a cache that
+    was never made is no help to it and goes unmentioned."""
+    if isinstance(rule, TextOnly) and cache is not None and not Path(cache).is_dir():
+        cache = None
+    mode = "prefer_cache" if cache else "no_cache"
+    return MediaDataset(
+        data, budgets, cache, mode, prompt_template=prompt_template, columns=columns, report_refused=False
+    )
+
+
+def unusable_rows(rows: list[Row], as_trained: MediaDataset) -> dict[str, str]:
+    """{row id: why} for the rows of ``rows`` that ``as_trained`` (the same file) refused
+    as it loaded. Its other failures are lines that are not rows at all (``read_rows``
+    refused them too): a refused row is matched by where it was read, so a duplicate
+    id's refused copy is not taken for its first row."""
+    by_source = {row.source: row for row in rows}
+    return {by_source[f.path].id: f.reason for f in as_trained.failures if f.path in by_source}
+
+
+def say_left_out(data: str | Path, refused: list[RowFailure], unusable: list[RowFailure]) -> None:
+    """One log line for the lines that cannot be read (in neither output file) and one
+    for the rows training would refuse (in ``dropped.jsonl``), each naming the first."""
+    if refused:
+        log.warning(
+            "%s: %s cannot be read (left out of kept.jsonl and dropped.jsonl), first: %s",
+            data,
+            count(len(refused), "row"),
+            refused[0],
+        )
+    if unusable:
+        log.warning(
+            "%s: %s cannot be used for training (not asked; written to dropped.jsonl, each with its reason under "
+            "'unusable'), first: %s",
+            data,
+            count(len(unusable), "row"),
+            unusable[0],
+        )
+
+
 def curate(
     model,
     processor,
@@ -216,11 +266,11 @@ def curate(
     out = Path(out)
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
-    if refused and where.is_main:  # not rows: in neither kept.jsonl nor dropped.jsonl
-        first = refused[0]
-        log.warning(
-            "%s: %d rows cannot be read and are left out, first: %s: %s", data, len(refused), first.path, first.reason
-        )
+    as_trained = as_training_reads(data, budgets, cache, rule, prompt_template, columns)
+    unusable = unusable_rows(rows, as_trained)
+    if where.is_main:
+        say_left_out(data, refused, [f for f in as_trained.failures if f.id in unusable])
+    usable = [row for row in rows if row.id not in unusable]
     sampling = SamplingParams(
         temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
     )
@@ -230,7 +280,7 @@ def curate(
         done = reusable(read_passes(out / PASSES, rule.name), key, out / PASSES)
         out.mkdir(parents=True, exist_ok=True)
         if isinstance(rule, TextOnly):
-            prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in rows), encoding="utf-8")
+            prompts.write_text("".join(json.dumps(without_media(row)) + "\n" for row in usable), encoding="utf-8")
         # the progress as read: a line a kill cut short, or another producer's, goes before new lines follow it
         (out / PASSES).write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
     distributed.barrier()
@@ -239,8 +289,7 @@ def curate(
     if isinstance(rule, TextOnly):
         dataset = MediaDataset(prompts, budgets, cache_mode="no_cache", prompt_template=prompt_template)
     else:
-        mode = "prefer_cache" if cache else "no_cache"
-        dataset = MediaDataset(data, budgets, cache, mode, prompt_template=prompt_template, columns=columns)
+        dataset = as_trained
     todo = [i for i, row in enumerate(dataset.rows) if row.id not in done]
     if len(todo) < len(dataset.rows) and where.is_main:
         log.warning(
@@ -271,24 +320,36 @@ def curate(
         done.update({r["id"]: r for r in records})
         bar.update(len(chunk))
     bar.close()
-    result = report(rows, done, rule, refused_rows=len(refused))
+    result = report(usable, done, rule, refused_rows=len(refused), unusable_rows=len(unusable))
     if where.is_main:
-        _write_split(out, rows, done, rule, Path(data).parent)
+        _write_split(out, rows, done, rule, Path(data).parent, unusable)
         (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
 
-def _write_split(out: Path, rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, root: Path) -> None:
-    """``kept.jsonl`` and ``dropped.jsonl``, their media named from ``out`` (``moved``)."""
+def _write_split(
+    out: Path,
+    rows: list[Row],
+    done: dict[str, dict],
+    rule: TextOnly | Difficulty,
+    root: Path,
+    unusable: dict[str, str],
+) -> None:
+    """``kept.jsonl`` and ``dropped.jsonl``, their media named from ``out`` (``moved``):
+    a row ``unusable`` names is dropped with its reason, a row ``rule`` drops with its
+    pass rate, and every other row is kept."""
     kept, dropped = [], []
     for row in rows:
         rate = done.get(row.id, {}).get("pass_rate")
         record = moved(row.fields, root, out)
-        if rate is not None and rule.drops(rate):
+        if row.id in unusable:
+            dropped.append({**record, "unusable": unusable[row.id]})
+        elif rate is not None and rule.drops(rate):
             dropped.append({**record, rule.rate_key: rate})
         else:
             kept.append(record)
-    outside = {p for r in kept + dropped for field in MEDIA_FIELDS for p in r.get(field, ()) if Path(p).is_absolute()}
+    usable = [r for r in kept + dropped if "unusable" not in r]
+    outside = {p for r in usable for field in MEDIA_FIELDS for p in r.get(field, ()) if Path(p).is_absolute()}
     if outside:
         log.warning(
             "%s: kept.jsonl and dropped.jsonl name %d media files outside %s by absolute paths (relative ones "
@@ -319,11 +380,19 @@ def moved(record: dict, root: Path, out: Path) -> dict:
     return {k: [path(p) for p in v] if k in MEDIA_FIELDS and isinstance(v, list) else v for k, v in record.items()}
 
 
-def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, refused_rows: int = 0) -> dict:
-    """Counts and rates per ``problem_type`` and per ``data_source``: rows, dropped,
-    the share dropped, the mean pass rate and the chance level (a uniform guess among
-    the options; None without options). Rows the model could not be asked (their
-    prompt or media did not encode) are kept and counted as ``unasked``."""
+def report(
+    rows: list[Row],
+    done: dict[str, dict],
+    rule: TextOnly | Difficulty,
+    refused_rows: int = 0,
+    unusable_rows: int = 0,
+) -> dict:
+    """Counts and rates per ``problem_type`` and per ``data_source`` of ``rows`` (the
+    rows training can use): rows, dropped, the share dropped, the mean pass rate and
+    the chance level (a uniform guess among the options; None without options). Rows
+    the model could not be asked (their prompt or media did not encode) are kept and
+    counted as ``unasked``. ``refused_rows``: lines that cannot be read;
+    ``unusable_rows``: rows training would refuse (in ``dropped.jsonl``)."""
     groups: dict[str, dict[str, list]] = {"per_type": defaultdict(list), "per_source": defaultdict(list)}
     for row in rows:
         entry = (done.get(row.id, {}).get("pass_rate"), chance(row.fields))
@@ -334,6 +403,7 @@ def report(rows: list[Row], done: dict[str, dict], rule: TextOnly | Difficulty, 
         **rule.as_dict(),
         "rule": rule.describe(),
         "refused_rows": refused_rows,
+        "unusable_rows": unusable_rows,
         "overall": _group(everything, rule),
         **{name: {k: _group(v, rule) for k, v in sorted(g.items())} for name, g in groups.items()},
     }
@@ -393,6 +463,10 @@ def report_table(result: dict) -> str:
             f"(recall {_ratio(lab['recall'])}), {lab['dropped_others']} other rows dropped "
             f"(precision {_ratio(lab['precision'])})"
         )
+    if result.get("unusable_rows"):
+        lines.append(f"unusable rows (not asked; in dropped.jsonl with their reason): {result['unusable_rows']}")
+    if result.get("refused_rows"):
+        lines.append(f"unreadable rows (in neither kept.jsonl nor dropped.jsonl): {result['refused_rows']}")
     lines.append(f"{result['curation']}: {result['rule']}")
     return "\n".join(lines)
 
