@@ -385,6 +385,89 @@ def test_decoder_layers_hold_no_gathered_weights_after_forward_or_backward(tmp_p
         assert math.isfinite(got["grad_norm"]) and got["grad_norm"] > 0, got
 
 
+PREFETCH_ON_RANKS = """
+import json, os, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from omni_rl.engine import distributed
+from omni_rl.engine.config import AdamWConfig
+from omni_rl.engine.engine import TrainingEngine
+from omni_rl.models import build_tiny, load
+from omni_rl.models.forward import group_forward
+from omni_rl.models.inputs import encode_prompts
+
+out = Path(sys.argv[1])
+tiny = build_tiny("qwen2_5_vl", out / f"tiny{os.environ['RANK']}", seed=0)
+config = json.loads((tiny / "config.json").read_text())
+for section in (config, config.get("text_config", {})):  # 4 decoder layers, the 2 new ones drawn at load
+    if "num_hidden_layers" in section:
+        section["num_hidden_layers"] = 4
+    if "layer_types" in section:
+        section["layer_types"] = section["layer_types"][:1] * 4
+(tiny / "config.json").write_text(json.dumps(config))
+ranks = distributed.init("cpu")
+model, processor = load(tiny)
+model.train()
+engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32", strategy="fsdp")
+calls = []
+for name in ("all_gather_single", "reduce_scatter_single"):
+    def counted(*args, _collective=getattr(dist, name), _name=name[:6], **kwargs):
+        calls[-1].append(_name)
+        return _collective(*args, **kwargs)
+    setattr(dist, name, counted)
+texts = [["Hi.", "Which fruit is red? A. apple B. lime"], ["Name a colour you like, in one word.", "Stop."]]
+conversations = [[{"role": "user", "content": [{"type": "text", "text": t}]}] for t in texts[ranks.rank]]
+inputs = encode_prompts(processor, conversations)
+ids = torch.randint(0, 256, (4, 5), generator=torch.Generator().manual_seed(ranks.rank))
+mask = torch.ones_like(ids)
+calls.append([])
+out_ = group_forward(engine.model, inputs, ids, mask, 2, apart=True)
+prompt_run = out_.prompt.run
+def run():
+    calls.append([])
+    prompt_run()
+out_.prompt.run = run
+calls.append([])
+engine.backward((out_.logp * mask).sum() / 40, out_.prompt)
+Path(out, f"rank{ranks.rank}.json").write_text(json.dumps(calls[1:]))
+distributed.shutdown()
+"""
+
+
+def gathered_ahead(calls: list[str]) -> int:
+    """Reduce-scatters issued while more layers had been gathered than reduced: each
+    means the next layer's all-gather was already under way (a prefetch)."""
+    gathered = reduced = ahead = 0
+    for call in calls:
+        if call == "all_ga":
+            gathered += 1
+        else:
+            reduced += 1
+            ahead += gathered > reduced
+    return ahead
+
+
+def test_the_prompts_backward_prefetches_each_layer_as_the_completions_backward_does(tmp_path):
+    """FSDP2 prefetches the next layer's weights in backward by the order of the
+    forward, which it clears at the end of a backward call: the prompt's call, after
+    the completions', gathered its layers one by one, each only once the layer above
+    was done. With 4 decoder layers both calls now gather one layer ahead: the
+    completions' call while layers 3, 2 and 1 are reduced, the prompt's while 2 and 1
+    are (the last layer's prompt output gets no gradient, so the keys' gradient hook
+    gathers it, with no layer before it to prefetch by)."""
+    script = tmp_path / "prefetch.py"
+    script.write_text(PREFETCH_ON_RANKS)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        completions, prompt = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert gathered_ahead(completions) == 3, completions
+        assert gathered_ahead(prompt) == 2, prompt
+        assert prompt.count("reduce") == 5, prompt  # 4 layers and the root, each reduced once
+
+
 def test_resuming_with_another_process_count_is_refused_at_start(tmp_path, shapes):
     config = grpo_config(tmp_path, shapes, "auto", trainer={"steps": 1, "save_every": 1})
     launch(config, 1)

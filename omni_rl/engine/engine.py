@@ -109,6 +109,26 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
+def prefetch_decoder_layers(model: nn.Module, units: list[nn.Module]) -> None:
+    """Have each sharded decoder layer's backward gather the layer before it in its
+    stack (``set_modules_to_backward_prefetch``), in every backward call.
+
+    FSDP2 prefetches by the order of the forward, which it forgets when a backward call
+    ends: the prompt's backward, a call of its own after the completions' (``backward``),
+    then gathered each layer only once the layer above was done. An order kept across
+    the calls instead (``set_is_last_backward(False)``) also drives the root's and the
+    encoder blocks' prefetches, which differ between ranks whose batches hold different
+    media (``omni_rl.engine.encoders``): their collectives fall out of step. The layer
+    of each stack that comes first keeps FSDP2's own prefetch."""
+    held = {id(unit) for unit in units}
+    for stack in model.modules():
+        if not isinstance(stack, nn.ModuleList):
+            continue
+        layers = [m for m in stack if id(m) in held and any(hasattr(x, "layer_idx") for x in m.modules())]
+        for later, earlier in zip(layers[1:], layers[:-1], strict=True):
+            later.set_modules_to_backward_prefetch([earlier])
+
+
 @dataclass
 class StepResult:
     """What one ``TrainingEngine.step`` did."""
@@ -291,6 +311,7 @@ class TrainingEngine:
                 for module in unit.modules():
                     if hasattr(module, "layer_idx"):  # a decoder layer's attention (or the layer)
                         gather_on_prompt_gradient(module, unit.unshard)
+            prefetch_decoder_layers(model, units[:-1])
         if any(p.device.type == "meta" for p in model.parameters()):
             # built empty (omni_rl.models.load(empty=True)): rank 0 reads, every rank keeps its shards
             from omni_rl.models import fill_sharded
