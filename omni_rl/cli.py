@@ -2,10 +2,12 @@
 
 Subcommands register with ``@command("group name", ...)``; a space in the name makes a
 command group (``omni-rl config check``). Heavy imports happen inside the commands,
-so ``omni-rl --help`` is instant. A user error (``OmniRLError``) prints one line and
-exits 2; ``--debug``, anywhere on the line, shows the traceback instead. A command that
-reads a config takes it as ``--config FILE`` (``train`` and ``config check|show`` also
-as their positional), and only such a command takes ``--set``.
+so ``omni-rl --help`` is instant and a mistake on the line (a config that is not there,
+a malformed ``--set``, a command's own ``check``) is reported before them. A user
+error (``OmniRLError``) prints one line and exits 2; ``--debug``, anywhere on the line,
+shows the traceback instead. A command that reads a config takes it as ``--config
+FILE`` (``train`` and ``config check|show`` also as their positional), and only such a
+command takes ``--set``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class Command:
     help: str
     arguments: tuple[tuple[tuple, dict], ...]
     run: Callable[[argparse.Namespace], int | None]
+    check: Callable[[argparse.Namespace], None] | None = None
+    """What the arguments alone can get wrong, raised as an OmniRLError before anything
+    heavy is imported (``main``); the handler need not check it again."""
 
 
 COMMANDS: Registry[Command] = Registry("command")
@@ -37,11 +42,14 @@ def arg(*flags: str, **kwargs) -> tuple[tuple, dict]:
     return flags, kwargs
 
 
-def command(name: str, help: str, *arguments: tuple[tuple, dict]) -> Callable:
-    """Register the decorated ``fn(args) -> exit code | None`` as ``omni-rl NAME``."""
+def command(
+    name: str, help: str, *arguments: tuple[tuple, dict], check: Callable[[argparse.Namespace], None] | None = None
+) -> Callable:
+    """Register the decorated ``fn(args) -> exit code | None`` as ``omni-rl NAME``;
+    ``check(args)``: its cheap checks of the line (``Command.check``)."""
 
     def decorate(fn: Callable[[argparse.Namespace], int | None]) -> Callable:
-        COMMANDS.register(name)(Command(name, help, arguments, fn))
+        COMMANDS.register(name)(Command(name, help, arguments, fn, check))
         return fn
 
     return decorate
@@ -202,6 +210,26 @@ def _budgets(config: str | None, overrides: list[str]):
     return Budgets.from_config(cfg.media), dict(getattr(getattr(cfg, "data", None), "columns", {}) or {})
 
 
+def _check_train(args: argparse.Namespace) -> None:
+    """``train``'s line: one config, of a trainable recipe, and a ``--resume DIR`` that
+    is a checkpoint (``recipes.common.start_run`` checks it is complete)."""
+    from pathlib import Path
+
+    from omni_rl.config import apply_overrides, read_yaml
+    from omni_rl.recipe_table import get_recipe, recipe_names, trainable
+
+    path = _config_file(args, "train", "CONFIG")
+    raw = read_yaml(path)
+    name = apply_overrides(raw, args.overrides).get("recipe") if isinstance(raw, dict) else None
+    if name in recipe_names() and not get_recipe(name).trainable:  # unknown or missing: load_config says so
+        raise OmniRLError(
+            f"{path}: recipe '{name}' is not trainable with 'omni-rl train' "
+            f"(run it with {get_recipe(name).command}); trainable: {', '.join(trainable())}"
+        )
+    if args.resume not in (None, "auto") and not (Path(args.resume) / "state.json").is_file():
+        raise OmniRLError(f"{args.resume}: not a checkpoint (no state.json)")
+
+
 @command(
     "train",
     "run a training recipe from a config (recipe: grpo, sft or flow_ppo)",
@@ -209,22 +237,18 @@ def _budgets(config: str | None, overrides: list[str]):
     arg("--resume", metavar="auto|DIR", help="continue from the newest checkpoint ('auto') or a given one"),
     arg("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run (deletes it)"),
     overrides("--set trainer.steps=10"),
+    check=_check_train,
 )
 def _train(args: argparse.Namespace) -> int:
     import json
 
     from omni_rl.recipe_loader import load_config, runner
-    from omni_rl.recipe_table import recipe_of, trainable
+    from omni_rl.recipe_table import recipe_of
     from omni_rl.recipes.inputs import check_inputs
 
     path = _config_file(args, "train", "CONFIG")
     cfg = load_config(path, [*args.overrides, *(["run.overwrite=true"] if args.overwrite else [])])
-    recipe = recipe_of(cfg)
-    if not recipe.trainable:
-        raise OmniRLError(
-            f"{path}: recipe '{recipe.name}' is not trainable with 'omni-rl train' "
-            f"(run it with {recipe.command}); trainable: {', '.join(trainable())}"
-        )
+    recipe = recipe_of(cfg)  # a trainable one (_check_train)
     check_inputs(cfg, path)  # before the run loads a model or writes its output_dir
     from omni_rl.engine import distributed
 
@@ -552,7 +576,12 @@ def _preprocess(args: argparse.Namespace) -> int:
     print(report.table())
     if report.failed:
         print(f"failures: {args.cache}/failures.jsonl")
-    return 1 if args.strict and report.failed else 0
+    if args.strict and report.failed:
+        rows = "1 row" if report.failed == 1 else f"{report.failed} rows"
+        why = f"{rows} failed (listed in {args.cache}/failures.jsonl), first: {report.failures[0]}"
+        print(f"preprocess: --strict: exit 1: {why}", file=sys.stderr)
+        return 1
+    return 0
 
 
 @command("cache stats", "entries, bytes and parameter sets of a cache", arg("cache", metavar="DIR"))
@@ -791,17 +820,40 @@ def build_parser() -> argparse.ArgumentParser:
         _debug_flag(sub)
         for flags, kwargs in cmd.arguments:
             sub.add_argument(*flags, **kwargs)
-        sub.set_defaults(handler=cmd.run)
+        sub.set_defaults(handler=cmd.run, check=cmd.check)
     return parser
+
+
+def _named_configs(args: argparse.Namespace) -> list[str]:
+    """The config files on the line: a positional CONFIG or FILE..., --config (once or repeated)."""
+    named = []
+    for name in ("config_file", "config", "files", "config_files"):
+        value = getattr(args, name, None)
+        named += value if isinstance(value, list) else [value] if value else []
+    return named
+
+
+def _check_line(args: argparse.Namespace) -> None:
+    """What the line itself gets wrong, before anything heavy is imported (torch alone
+    takes seconds): every config it names is readable YAML, every ``--set`` is
+    KEY=VALUE, then the command's own ``check``."""
+    from omni_rl.config import apply_overrides, read_yaml
+
+    for path in _named_configs(args):
+        read_yaml(path)
+    apply_overrides({}, getattr(args, "overrides", []))
+    if args.check is not None:
+        args.check(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``omni-rl`` console script."""
     args = build_parser().parse_args(argv)
-    from omni_rl.runtime import use_expandable_segments
-
-    use_expandable_segments()  # before anything touches CUDA
     try:
+        _check_line(args)
+        from omni_rl.runtime import use_expandable_segments
+
+        use_expandable_segments()  # before anything touches CUDA
         return args.handler(args) or 0
     except OmniRLError as err:
         if args.debug:

@@ -260,3 +260,37 @@ def test_train_checks_every_input_path_before_it_loads_or_writes(tmp_path, capsy
     for name, path in (("data.train", "train.jsonl"), ("data.cache", "cache"), ("model.path", "model")):
         assert f"{name}: {tmp_path / path}: no such" in err, err
     assert not out.exists()
+
+
+FAST_FAIL = """
+import sys
+from omni_rl.cli import main
+code = main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "transformers", "numpy") if m in sys.modules)
+print(code, heavy)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["train", "configs/does-not-exist.yaml"], "configs/does-not-exist.yaml: cannot read config"),
+        (["train", "--config", "configs/does-not-exist.yaml"], "configs/does-not-exist.yaml: cannot read config"),
+        (["train"], "train: a config is required"),
+        (["train", "configs/demo.yaml", "--config", "configs/demo.yaml"], "train: give the config once"),
+        (["train", "configs/grpo_tiny_shapes.yaml", "--resume", "runs/nowhere"], "runs/nowhere: not a checkpoint"),
+        (["train", "configs/grpo_tiny_shapes.yaml", "--set", "trainer.steps"], "--set 'trainer.steps': expected KEY="),
+        (["train", "configs/demo.yaml"], "configs/demo.yaml: recipe 'demo' is not trainable"),
+        (["config", "show", "configs/does-not-exist.yaml"], "configs/does-not-exist.yaml: cannot read config"),
+        (["eval", "--model", "m", "--data", "d", "--config", "nowhere.yaml"], "nowhere.yaml: cannot read config"),
+    ],
+    ids=["missing", "missing_option", "none", "twice", "resume", "set", "not_trainable", "config_show", "eval_config"],
+)
+def test_a_bad_config_path_or_argument_fails_before_the_heavy_imports(argv, error):
+    """What the command line itself gets wrong is reported before torch is imported
+    (seconds of an idle wait, before): the one-line error, and no torch in the process."""
+    result = subprocess.run(
+        [sys.executable, "-c", FAST_FAIL, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.stderr.startswith(f"omni-rl: error: {error}"), result.stderr
+    assert result.stdout.split("\n")[0] == "2 []", result.stdout

@@ -541,3 +541,18 @@ def test_cloning_says_it_runs_bc_steps_whatever_trainer_steps_says(tmp_path, poi
     said = "behaviour cloning: 3 optimizer steps (bc.steps, whatever trainer.steps says: its 1 are the PPO steps after"
     assert said in err, err
     assert (tmp_path / "run" / "bc" / "metrics.jsonl").read_text().count("\n") == 1  # its last step, 3
+
+
+def test_a_demonstrations_file_takes_the_users_umask(tmp_path):
+    """safetensors creates its file with mode 600; demonstrations are readable as every
+    other output is (644 under umask 022, 640 under 027)."""
+    from omni_rl.sim.experts import Demos, save_demos
+
+    tensors = {name: torch.zeros(2, 1) for name in Demos.TENSORS}
+    for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        previous = os.umask(umask)
+        try:
+            path = save_demos(Demos(**tensors, meta={}), tmp_path / f"demos_{umask:o}.safetensors")
+        finally:
+            os.umask(previous)
+        assert path.stat().st_mode & 0o777 == mode, oct(path.stat().st_mode)
