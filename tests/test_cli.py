@@ -1,5 +1,7 @@
 """The console script as a user runs it: exit codes, one-line errors, help."""
 
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -294,3 +296,55 @@ def test_a_bad_config_path_or_argument_fails_before_the_heavy_imports(argv, erro
     )
     assert result.stderr.startswith(f"omni-rl: error: {error}"), result.stderr
     assert result.stdout.split("\n")[0] == "2 []", result.stdout
+
+
+def _leaf_parsers(parser, words=()):
+    """(command words, parser) of every command the parser runs, nested groups walked."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                yield from _leaf_parsers(sub, (*words, word))
+            return
+    yield " ".join(words), parser
+
+
+def test_the_cli_page_shows_every_flag_of_every_command():
+    """Each option a command's --help shows is on that command's usage lines in
+    docs/guides/cli.md (--set and --debug, which the block's comment gives every command
+    that takes them, apart), and each command is in the page's table of where it is
+    documented: the page and the parser cannot drift apart."""
+    from omni_rl.cli import build_parser
+
+    page = (ROOT / "docs" / "guides" / "cli.md").read_text()
+    block = page.split("```", 2)[1].splitlines()
+    shared = {flag for line in block if line.startswith("#") for flag in ("--set", "--debug") if flag in line}
+    assert shared == {"--set", "--debug"}
+    table = page.split("## Where each command is documented", 1)[1]
+    entries = []  # a usage line with its indented continuation lines
+    for line in block:
+        if line.startswith(" ") and entries:
+            entries[-1] += " " + line.strip()
+        elif line.startswith("omni-rl "):
+            entries.append(line)
+    lacking = []
+    for name, parser in _leaf_parsers(build_parser()):
+        usage = " ".join(entry for entry in entries if entry.startswith(f"omni-rl {name} "))
+        flags = {f for a in parser._actions for f in a.option_strings if f.startswith("--")} - {"--help"} - shared
+        lacking += [f"{name} {flag}" for flag in sorted(flags) if not re.search(rf"{flag}(?![\w-])", usage)]
+        if f"`{name}`" not in table:
+            lacking.append(f"{name}: not in the table")
+    assert not lacking, lacking
+
+
+def test_the_tiny_models_page_gives_the_tiny_pi0s_parameter_count(tmp_path):
+    from safetensors import safe_open
+
+    from omni_rl.models.pi0 import build_tiny_pi0
+
+    out = build_tiny_pi0(tmp_path / "pi0", seed=0, width=64)
+    with safe_open(str(Path(out) / "model.safetensors"), framework="pt") as f:
+        count = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118 - safe_open is not iterable
+    page = " ".join((ROOT / "docs" / "guides" / "tiny-models.md").read_text().split())
+    assert f"about {count / 1e6:.2f} M parameters at width 64 ({count:,};" in page, count
