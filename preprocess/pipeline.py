@@ -154,14 +154,16 @@ def indexed_medium(
 
 @dataclass(frozen=True)
 class RowOutcome:
-    """What caching one row did: ``status`` is cached, already_cached or failed;
-    ``media`` are the row's index records (empty when it failed)."""
+    """What caching one row did: ``status`` is cached (it wrote an entry), present (every
+    entry it needs was there), no_media or failed; ``media`` are the row's index records
+    (empty when it failed), ``wrote`` the keys of the entries it wrote."""
 
     row_id: str
     status: str
     bytes: int = 0
     failure: RowFailure | None = None
     media: tuple[IndexedMedium, ...] = ()
+    wrote: tuple[str, ...] = ()
 
 
 def cache_row(
@@ -172,7 +174,7 @@ def cache_row(
 
     ``indexed``: the row's records from an earlier run, which spare hashing unchanged files.
     """
-    written = 0
+    written, wrote = 0, []
     try:
         media = row_media(row, data_root, budgets)
         records = [indexed_medium(indexed, i, kind, path, budgets) for i, (kind, path) in enumerate(media)]
@@ -182,6 +184,7 @@ def cache_row(
                 continue
             tensors, meta = decode_medium(kind, path, budgets)
             written += cache.write(key, tensors, {**meta, "kind": kind, "source": str(path)})
+            wrote.append(key)
     except DiskFull:
         raise
     except OmniRLError as err:
@@ -192,7 +195,8 @@ def cache_row(
             raise full from err
         reason = f"{type(err).__name__}: {err}"
         return RowOutcome(row.id, "failed", written, RowFailure(row.id, row.source, reason))
-    return RowOutcome(row.id, "cached" if written else "already_cached", written, media=tuple(records))
+    status = "cached" if wrote else "present" if media else "no_media"
+    return RowOutcome(row.id, status, written, media=tuple(records), wrote=tuple(wrote))
 
 
 def _worker_init(threads: int) -> None:
@@ -207,12 +211,16 @@ def _cache_row_job(args) -> RowOutcome:
 
 @dataclass
 class PreprocessReport:
-    """Counts of a preprocess run."""
+    """Counts of a preprocess run: its rows, each counted once, as cached (it wrote an
+    entry), shared (another row of this run wrote the entries it needs: several
+    questions on one clip), already cached (by an earlier run), no media, or failed."""
 
     rows: int
     cached: int
     already_cached: int
     failed: int
+    shared: int
+    no_media: int
     failures_by_reason: dict[str, int]
     bytes_written: int
     seconds: float
@@ -223,7 +231,9 @@ class PreprocessReport:
         lines = [
             f"{'rows':<16}{self.rows:>10}",
             f"{'cached':<16}{self.cached:>10}",
+            f"{'shared media':<16}{self.shared:>10}",
             f"{'already cached':<16}{self.already_cached:>10}",
+            f"{'no media':<16}{self.no_media:>10}",
             f"{'failed':<16}{self.failed:>10}",
         ]
         lines += [f"  {reason[:60]:<58}{n:>6}" for reason, n in sorted(self.failures_by_reason.items())]
@@ -316,17 +326,33 @@ def preprocess(
     if shard is None:
         write_failures(cache, failures)
     cache.record_params(budgets.all_params())
-    counts = Counter(o.status for o in outcomes)
+    counts = row_counts(outcomes)
     return PreprocessReport(
         rows=len(rows) + len(failures) - counts["failed"],
         cached=counts["cached"],
         already_cached=counts["already_cached"],
         failed=len(failures),
+        shared=counts["shared"],
+        no_media=counts["no_media"],
         failures_by_reason=dict(Counter(_reason_class(f) for f in failures)),
         bytes_written=sum(o.bytes for o in outcomes),
         seconds=time.perf_counter() - started,
         failures=failures,
     )
+
+
+def row_counts(outcomes: list[RowOutcome]) -> Counter:
+    """Rows by what caching them did (``PreprocessReport``): a row whose entries were all
+    there is shared when another row of this run wrote one of them, else already cached."""
+    written = {key for outcome in outcomes for key in outcome.wrote}
+
+    def status(outcome: RowOutcome) -> str:
+        if outcome.status != "present":
+            return outcome.status
+        keys = {key for medium in outcome.media for key in medium.keys.values()}
+        return "shared" if keys & written else "already_cached"
+
+    return Counter(map(status, outcomes))
 
 
 def write_failures(cache: MediaCache, failures: list[RowFailure]) -> None:

@@ -150,7 +150,14 @@ def _records(path: Path) -> Iterator[tuple[str, object | str]]:
             except UnicodeDecodeError as err:
                 yield where, f"line is not valid UTF-8 ({err.reason} at byte {err.start})"
             except json.JSONDecodeError as err:
-                yield where, f"invalid JSON ({err.msg} at column {err.colno})"
+                yield where, f"invalid JSON ({err.msg} at {_json_place(err)})"
+
+
+def _json_place(err: json.JSONDecodeError) -> str:
+    """Where in its line a JSON error is: "column N", or "the end of the line" for a line
+    cut short (the decoder then stands past its last character, or on the next line)."""
+    line_end = err.doc.rstrip("\r\n \t")
+    return "the end of the line" if err.pos >= len(line_end) else f"column {err.colno}"
 
 
 def rename_columns(record: dict, columns: dict[str, str]) -> dict | str:

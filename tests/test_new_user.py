@@ -298,3 +298,19 @@ def test_the_documented_row_format_and_the_example_file(tmp_path):
     assert not example.failures and len(example) == 11
     assert {r.problem_type for r in example.rows} <= types
     assert all(example[i].messages for i in range(len(example)))  # every medium decodes
+
+
+def test_a_line_that_is_not_json_is_named_by_its_line_and_the_line_end(tmp_path, caplog):
+    """A cut last line: the dataset names it 'rows.jsonl:5: invalid JSON (... at the end
+    of the line)', with no stray space where a row's id would go."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.preprocess.image import ImageBudget
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.preprocess.video import VideoBudget
+
+    rows = dataset(tmp_path)
+    rows.write_text(rows.read_text() + '{"id": "cut", "problem"\n')
+    with caplog.at_level("WARNING", logger="omni_rl.data.dataset"):
+        MediaDataset(rows, Budgets(VideoBudget(), ImageBudget()), cache_mode="no_cache")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{rows}:5: invalid JSON (Expecting ':' delimiter at the end of the line) (row skipped)"]

@@ -382,3 +382,36 @@ def test_a_two_hour_audio_file_is_read_only_up_to_the_limit(tmp_path):
     wave = read_audio(path, max_seconds=30.0)
     assert wave.size == 30 * 16_000
     assert time.perf_counter() - started < 5
+
+
+def test_preprocess_strict_says_why_it_exits_1(dataset, tmp_path, capsys):
+    """--strict exits 1 when a row failed, and a line says so: how many, the first, and
+    where the rest are listed."""
+    cache_dir = tmp_path / "cache"
+    args = ["preprocess", str(dataset), "--cache", str(cache_dir), "--workers", "1", "--set", "media.min_frames=2"]
+    assert main([*args, "--strict"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"preprocess: --strict: exit 1: 8 rows failed (listed in {cache_dir / 'failures.jsonl'}), "
+        f"first: {dataset}:9 two-videos: duplicate id (first at {dataset}:1)"
+    ) in err
+
+
+def test_preprocess_counts_rows_without_media_and_rows_sharing_a_clip(tmp_path, capsys):
+    """Three questions on one clip and a row with no media: one row caches the clip, two
+    share it, one has nothing to cache; none of them is 'already cached' until a rerun."""
+    from omni_rl.preprocess.pipeline import preprocess
+
+    write_video(tmp_path / "media" / "a.mp4", moving_square("right", 2.0, 10, 96, 64), 10)
+    rows = [{"id": f"q{i}", "videos": ["media/a.mp4"]} for i in range(3)] + [{"id": "text"}]
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": "p", "problem_type": "counting", "answer": 1, **r}) + "\n" for r in rows)
+    )
+    budgets = Budgets(VideoBudget(min_frames=2), ImageBudget())
+    first = preprocess(data, tmp_path / "cache", budgets, workers=1, progress=False)
+    assert (first.cached, first.shared, first.no_media, first.already_cached) == (1, 2, 1, 0)
+    table = first.table()
+    assert "shared media             2" in table and "no media                 1" in table
+    again = preprocess(data, tmp_path / "cache", budgets, workers=1, progress=False)
+    assert (again.cached, again.shared, again.no_media, again.already_cached) == (0, 0, 1, 3)

@@ -460,3 +460,19 @@ def test_weights_that_no_scorer_reads_are_refused_at_load(weights, custom, messa
         config_from_dict(
             {"recipe": "grpo", "rewards": {"weights": weights, "custom": custom}, "run": {"output_dir": "x"}}, "test"
         )
+
+
+def test_rewards_check_names_the_end_of_a_line_cut_short(tmp_path, capsys):
+    """A line cut at its end is invalid JSON 'at the end of the line', not 'column 1'
+    (where the decoder lands past the newline); an error inside a line keeps its column."""
+    from omni_rl.cli import main
+
+    data = tmp_path / "d.jsonl"
+    good = json.dumps({"id": "a", "problem": "p", "problem_type": "counting", "answer": 2})
+    data.write_text(good + '\n{"id": "x", "problem"\n{"id": "y" "problem": "p"}\n')
+    assert main(["rewards", "check", str(data)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        f"unreadable: {data}:2: invalid JSON (Expecting ':' delimiter at the end of the line)",
+        f"unreadable: {data}:3: invalid JSON (Expecting ',' delimiter at column 12)",
+    ]

@@ -87,7 +87,7 @@ def test_preprocess_stops_at_a_full_disk_and_keeps_the_cache(tmp_path, shapes, m
     an earlier run cached (entries, index, failures.jsonl, manifest) is unchanged."""
     cache_dir = tmp_path / "cache"
     first = preprocess(shapes, cache_dir, _budgets(), workers=1, limit=4, progress=False)  # the first video
-    assert first.cached == 1 and first.already_cached == 3 and not first.failed
+    assert first.cached == 1 and first.shared == 3 and not first.failed  # 4 questions on one video
     before = _snapshot(cache_dir)
     calls: list[str] = []
     _fill_disk(monkeypatch, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), calls)
