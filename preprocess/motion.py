@@ -1,11 +1,18 @@
 """Synthetic video-QA clips whose answers need several frames.
 
-``write_motion_qa`` renders short clips of coloured squares and writes one
-multiple-choice row per clip, cycling through four kinds of question that no single
-frame answers: which way a square moves, which of two squares flashes first, how many
-times a square flashes, and whether a square shows in the first or the second half of
-the clip. Each kind has two options and its answers alternate, so each kind is
+``write_motion_qa`` renders short clips of coloured squares and writes one row per
+clip, cycling through kinds of question that no single frame answers. The four
+``KINDS`` are two-option multiple choice: which way a square moves, which of two
+squares flashes first, how many times a square flashes, and whether a square shows in
+the first or the second half of the clip; their answers alternate, so each kind is
 balanced, chance is 1/2, and the question's wording tells nothing.
+
+The ``ROUTED_KINDS`` each go to a reward of their own by ``problem_type``: ``heading``,
+which of four ways a square moves (multiple choice A-D, balanced, chance 1/4);
+``counting``, how many times a square flashes, 0 to 4, answered as a number (the
+``counting`` reward, balanced, chance 1/5); ``grounding``, when a square shows, as a
+[start, end] span in seconds (the ``temporal_grounding`` reward, IoU; the best answer
+that ignores the clip scores ``grounding_baseline()``).
 
 Timings are laid out on pairs of frames, the temporal patch of the Qwen-VL vision
 towers: a flash covers whole pairs, so the tokens of a pair either show it or do not.
@@ -20,20 +27,31 @@ import numpy as np
 
 from omni_rl.preprocess.scenes import BACKGROUND, COLORS
 from omni_rl.preprocess.synthetic import balanced_choices, choice_row, write_video
+from omni_rl.rewards.parsing import interval_iou
 
 KINDS = ("direction", "order", "count", "when")
+ROUTED_KINDS = ("heading", "counting", "grounding")
 QUESTIONS = {
     "direction": ("Which way does the square move?", ["left", "right"]),
     "order": ("Which square appears first?", ["red", "blue"]),
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
+    "heading": ("Which way does the square move?", ["up", "down", "left", "right"]),
+    "counting": ("How many times does the square flash? Answer with a number.", ["0", "1", "2", "3", "4"]),
+    # answers are drawn (``_span``), not options: one placeholder keeps the cycle simple
+    "grounding": ("When does the square show? Answer with its start and end in seconds, as [start, end].", [""]),
 }
+PROBLEM_TYPES = {"counting": "counting", "grounding": "temporal_grounding"}
+"""The reward of each kind that is not multiple choice."""
 # a decoy's wording states its answer: a question the text alone answers
 TELLS = {
     "direction": "The square moves {}.",
     "order": "The {} square appears first.",
     "count": "The square flashes {} time(s).",
     "when": "The square shows in the {} half.",
+    "heading": "The square moves {}.",
+    "counting": "The square flashes {} time(s).",
+    "grounding": "The square shows at {} seconds.",
 }
 FRAMES = 16
 """Frames per clip (8 pairs)."""
@@ -42,6 +60,12 @@ SIZE = 56
 """Frame side in pixels: 4 x 4 patches of 14 (2 x 2 tokens after the 2 x 2 merge)."""
 SQUARE = 14
 """Square side in pixels."""
+TRAVEL = 24
+"""Pixels a ``heading`` square travels over the clip, wrapping around the frame."""
+SPAN_PAIRS = (1, 2, 3)
+"""The lengths, in frame pairs, a ``grounding`` square may show for (drawn alike)."""
+LIT_PAIRS = 4
+"""Frame pairs a ``counting`` square shows in all, whatever its count (1 to 4)."""
 # the colours a square of the direction, count and when kinds may have (red and blue
 # belong to the order kind's question)
 OTHER_COLORS = [c for c in COLORS if c not in ("red", "blue")]
@@ -57,6 +81,62 @@ def _flash(frames: np.ndarray, pairs: range, corner: tuple[int, int], color: str
     x, y = corner
     for p in pairs:
         frames[2 * p : 2 * p + 2, y : y + SQUARE, x : x + SQUARE] = COLORS[color]
+
+
+def _wrapped(frame: np.ndarray, x: int, y: int, color: str) -> None:
+    """Draw a square at (x, y) on a torus: what leaves one edge comes in at the other."""
+    rows, cols = (y + np.arange(SQUARE)) % SIZE, (x + np.arange(SQUARE)) % SIZE
+    frame[np.ix_(rows, cols)] = COLORS[color]
+
+
+def _composition(total: int, parts: int, rng: np.random.Generator) -> list[int]:
+    """``total`` as ``parts`` positive integers, each such split alike likely."""
+    cuts = np.sort(rng.choice(np.arange(1, total), size=parts - 1, replace=False))
+    return np.diff([0, *cuts.tolist(), total]).tolist()
+
+
+def _flash_starts(lengths: list[int], pairs: int, rng: np.random.Generator) -> list[int]:
+    """First pairs of flashes of ``lengths`` (in pairs) laid out in order over ``pairs``
+    with at least one dark pair between two: the spare dark pairs are spread over the
+    gaps before, between and after them, each such spread alike likely."""
+    spare = pairs - sum(lengths) - (len(lengths) - 1)
+    slots = len(lengths) + 1
+    extra = [n - 1 for n in _composition(spare + slots, slots, rng)]
+    starts, at = [], extra[0]
+    for i, length in enumerate(lengths):
+        starts.append(at)
+        at += length + 1 + extra[i + 1]
+    return starts
+
+
+def _span(rng: np.random.Generator) -> tuple[int, int]:
+    """A ``grounding`` flash as (first pair, pairs): its length from ``SPAN_PAIRS``,
+    then its start anywhere it fits."""
+    length = int(rng.choice(SPAN_PAIRS))
+    return int(rng.integers(0, FRAMES // 2 - length + 1)), length
+
+
+def span_seconds(first: int, length: int) -> list[float]:
+    """A flash over ``length`` pairs from pair ``first`` as [start, end] in seconds."""
+    return [2 * first / FPS, 2 * (first + length) / FPS]
+
+
+def grounding_baseline() -> tuple[list[float], float]:
+    """The answer that scores best without the clip (one span, on an eighth-of-a-second
+    grid) and its mean IoU over the spans ``_span`` draws, weighted as it draws them."""
+    pairs = FRAMES // 2
+    drawn = [
+        (span_seconds(first, length), 1 / len(SPAN_PAIRS) / (pairs - length + 1))
+        for length in SPAN_PAIRS
+        for first in range(pairs - length + 1)
+    ]
+    grid = [i / 8 for i in range(FRAMES // FPS * 8 + 1)]
+
+    def mean_iou(guess: list[float]) -> float:
+        return sum(w * interval_iou(guess, span) for span, w in drawn)
+
+    best = max(([a, b] for a in grid for b in grid if b > a), key=mean_iou)
+    return best, mean_iou(best)
 
 
 def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
@@ -93,21 +173,54 @@ def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
             starts = [a, int(rng.integers(a + 2, pairs))]
         for p in starts:
             _flash(frames, range(p, p + 1), corner, color)
-    else:
+    elif kind == "when":
         # a flash of one to three pairs wholly inside one half of the clip
         length = int(rng.integers(1, 4))
         half = pairs // 2
         start = int(rng.integers(0, half - length + 1)) + (half if answer == 1 else 0)
         _flash(frames, range(start, start + length), _corner(rng), color)
+    elif kind == "heading":
+        # up, down, left, right: from anywhere on a torus, so that any one frame's
+        # square is alike for every heading
+        x, y = int(rng.integers(0, SIZE)), int(rng.integers(0, SIZE))
+        dx, dy = ((0, -1), (0, 1), (-1, 0), (1, 0))[answer]
+        for t in range(FRAMES):
+            step = round(TRAVEL * t / (FRAMES - 1))
+            _wrapped(frames[t], x + dx * step, y + dy * step, color)
+    elif kind == "counting":
+        # 0 to 4 flashes that show LIT_PAIRS pairs in all (a count of 1 is one long
+        # flash, 4 are four short ones), at least one dark pair between two
+        corner = _corner(rng)
+        lengths = _composition(LIT_PAIRS, answer, rng) if answer else []
+        for first, length in zip(_flash_starts(lengths, pairs, rng), lengths, strict=True):
+            _flash(frames, range(first, first + length), corner, color)
+    else:
+        raise ValueError(f"no motion clip of kind {kind!r} (grounding clips come from grounding_clip)")
     return frames
 
 
+def grounding_clip(rng: np.random.Generator) -> tuple[np.ndarray, list[float]]:
+    """The frames of a ``grounding`` question and its answer, [start, end] in seconds:
+    one flash whose length and place are drawn (``_span``)."""
+    frames = np.empty((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
+    frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
+    first, length = _span(rng)
+    _flash(frames, range(first, first + length), _corner(rng), str(rng.choice(OTHER_COLORS)))
+    return frames, span_seconds(first, length)
+
+
 def write_motion_qa(
-    out: str | Path, clips: int, seed: int = 0, blank: bool = False, shuffle: bool = False, decoy_every: int = 0
+    out: str | Path,
+    clips: int,
+    seed: int = 0,
+    blank: bool = False,
+    shuffle: bool = False,
+    decoy_every: int = 0,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Path:
-    """Render ``clips`` videos under ``out/media`` and write ``out/data.jsonl`` (one
-    multiple-choice row per clip; kinds cycle, and so do answers within a kind, so both
-    are balanced). Returns the dataset path.
+    """Render ``clips`` videos under ``out/media`` and write ``out/data.jsonl`` (one row
+    per clip; ``kinds`` cycle, and so do answers within a kind, so both are balanced; a
+    grounding span is drawn). Returns the dataset path.
 
     Controls: ``blank`` writes the same rows over empty frames (how much accuracy needs
     the pixels); ``shuffle`` writes each clip's frames in a random order (how much
@@ -122,8 +235,15 @@ def write_motion_qa(
     out = Path(out)
     rng = np.random.default_rng(seed)
     rows = []
-    for i, kind, question, options, answer in balanced_choices(clips, KINDS, QUESTIONS):
-        frames = clip(kind, answer, rng)
+    unknown = sorted(set(kinds) - set(QUESTIONS))
+    if unknown:
+        raise ValueError(f"no motion kind {unknown}; the kinds are {list(QUESTIONS)}")
+    for i, kind, question, options, answer in balanced_choices(clips, kinds, QUESTIONS):
+        if kind == "grounding":
+            frames, span = grounding_clip(rng)
+            options = [json.dumps(span)]
+        else:
+            frames = clip(kind, answer, rng)
         if blank:
             frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
         if shuffle:  # its own generator, so the shuffled set has the same scenes
@@ -134,6 +254,9 @@ def write_motion_qa(
         if decoy:
             question = f"{TELLS[kind].format(options[answer])} {question}"
         row = choice_row(f"clip{i:05d}-{kind}", question, options, answer, "videos", name, f"video_{kind}")
+        if kind in PROBLEM_TYPES:  # answered as a number or a span, not a letter
+            del row["options"]
+            row.update(problem_type=PROBLEM_TYPES[kind], answer=options[answer])
         rows.append({**row, "decoy": True} if decoy else row)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -6,9 +6,21 @@ import json
 import numpy as np
 import pytest
 
-from omni_rl.preprocess.motion import FRAMES, KINDS, QUESTIONS, SQUARE, clip, write_motion_qa
+from omni_rl.preprocess.motion import (
+    FPS,
+    FRAMES,
+    KINDS,
+    QUESTIONS,
+    ROUTED_KINDS,
+    SQUARE,
+    clip,
+    grounding_baseline,
+    grounding_clip,
+    write_motion_qa,
+)
 from omni_rl.preprocess.scenes import BACKGROUND, COLORS
 from omni_rl.preprocess.video import VideoBudget, read_video
+from omni_rl.rewards.parsing import interval_iou
 
 # every frame at its size: what the quickstart's media settings sample
 ALL_FRAMES = VideoBudget(fps=None, nframes=FRAMES, min_pixels=56 * 56, max_pixels=56 * 56)
@@ -119,3 +131,136 @@ def test_decoys_state_their_answer_and_change_nothing_else(tmp_path):
         }
     for video in sorted((tmp_path / "plain" / "media").iterdir()):  # the same clips, byte for byte
         assert video.read_bytes() == (tmp_path / "decoys" / "media" / video.name).read_bytes()
+
+
+# ------------------------------------------------------------------ the routed kinds
+
+
+def corner(mask: np.ndarray) -> tuple[int, int]:
+    """(x, y) of a square's top-left corner in a [H, W] mask, on a torus (a square that
+    leaves one edge shows at the other)."""
+    cols, rows = mask.any(axis=0), mask.any(axis=1)
+    x = int(np.flatnonzero(cols & ~np.roll(cols, 1))[0])
+    y = int(np.flatnonzero(rows & ~np.roll(rows, 1))[0])
+    return x, y
+
+
+def read_heading(frames: np.ndarray) -> int:
+    """0 up, 1 down, 2 left, 3 right: the way the square's corner went from the first
+    frame to the last, the shorter way round the torus."""
+    size = frames.shape[1]
+    (x0, y0), (x1, y1) = corner(lit(frames[0])), corner(lit(frames[-1]))
+    dx, dy = (x1 - x0 + size // 2) % size - size // 2, (y1 - y0 + size // 2) % size - size // 2
+    assert (dx == 0) != (dy == 0), (dx, dy)
+    return (0 if dy < 0 else 1) if dx == 0 else (2 if dx < 0 else 3)
+
+
+def read_count(frames: np.ndarray) -> int:
+    on = lit(frames).any(axis=(1, 2))
+    return int(on[0]) + int(np.sum(on[1:] & ~on[:-1]))
+
+
+def read_span(frames: np.ndarray) -> list[float]:
+    on = np.flatnonzero(lit(frames).any(axis=(1, 2)))
+    assert np.array_equal(on, np.arange(on[0], on[-1] + 1))  # one flash
+    return [on[0] / FPS, (on[-1] + 1) / FPS]
+
+
+def test_each_routed_clip_shows_its_answer():
+    rng = np.random.default_rng(11)
+    for answer in list(range(4)) * 10:
+        assert read_heading(clip("heading", answer, rng)) == answer
+    for answer in list(range(5)) * 10:
+        frames = clip("counting", answer, rng)
+        assert read_count(frames) == answer
+        on = lit(frames).any(axis=(1, 2))
+        assert np.array_equal(on[0::2], on[1::2])  # whole frame pairs
+        assert on.sum() == (0 if answer == 0 else 8)  # 4 lit pairs whatever the count
+    for _ in range(40):
+        frames, span = grounding_clip(rng)
+        assert read_span(frames) == span and span[1] - span[0] in (0.25, 0.5, 0.75)
+
+
+def test_routed_rows_go_to_their_rewards_and_agree_with_the_decoded_clips(tmp_path):
+    data = write_motion_qa(tmp_path / "qa", 15, seed=4, kinds=ROUTED_KINDS)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    kinds = [r["data_source"].removeprefix("video_") for r in rows]
+    assert kinds == list(ROUTED_KINDS) * 5
+    by_kind = {k: [r for r, kind in zip(rows, kinds, strict=True) if kind == k] for k in ROUTED_KINDS}
+    assert [r["answer"] for r in by_kind["heading"]] == list("ABCDA")
+    assert {r["problem_type"] for r in by_kind["heading"]} == {"multiple_choice"}
+    assert [r["answer"] for r in by_kind["counting"]] == ["0", "1", "2", "3", "4"]
+    assert {r["problem_type"] for r in by_kind["counting"]} == {"counting"}
+    assert {r["problem_type"] for r in by_kind["grounding"]} == {"temporal_grounding"}
+    assert all("options" not in r for r in by_kind["counting"] + by_kind["grounding"])
+    for row, kind in zip(rows, kinds, strict=True):
+        frames = decoded(tmp_path / "qa" / row["videos"][0])
+        if kind == "heading":
+            assert read_heading(frames) == "ABCD".index(row["answer"])
+        elif kind == "counting":
+            assert read_count(frames) == int(row["answer"])
+        else:
+            assert read_span(frames) == json.loads(row["answer"])
+
+
+def test_an_unknown_kind_is_refused_with_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match="no motion kind \\['spin'\\]; the kinds are"):
+        write_motion_qa(tmp_path / "qa", 4, kinds=("heading", "spin"))
+
+
+def heldout_majority(features: list, answers: np.ndarray, seed: int = 0) -> float:
+    """Accuracy on a held-out half of guessing, for each feature value, the answer most
+    common with it in the other half (the prior's where the value was not seen)."""
+    order = np.random.default_rng(seed).permutation(len(answers))
+    fit, test = order[: len(order) // 2], order[len(order) // 2 :]
+    table: dict = {}
+    for i in fit:
+        table.setdefault(features[i], []).append(answers[i])
+    prior = np.bincount(answers[fit]).argmax()
+    guess = {value: np.bincount(seen).argmax() for value, seen in table.items()}
+    return float(np.mean([guess.get(features[i], prior) == answers[i] for i in test]))
+
+
+def test_no_single_frame_tells_the_heading_or_the_count():
+    """Per frame index, over 400 clips an answer: the best guess from that frame alone
+    (the heading from its square's place, in 7-pixel bands; the count from whether
+    the square shows), fitted on half the clips and scored on the other half.
+
+    A heading starts anywhere on a torus: one frame is chance (1/4). A count leaks
+    through one frame: a frame without the square makes 0 likelier (a count of 0 never
+    shows it, every other count shows 4 of 8 pairs), and where in the clip the flashes
+    fall differs a little between counts: about 0.35 at worst, against 0.2 by chance
+    and 1.0 from every frame."""
+    rng = np.random.default_rng(0)
+    for kind, answers, bound in (("heading", 4, 0.30), ("counting", 5, 0.40)):
+        truth = np.array(list(range(answers)) * 400)
+        masks = [lit(clip(kind, int(a), rng)) for a in truth]
+        for t in range(FRAMES):
+            if kind == "heading":
+                features = [tuple(v // 7 for v in corner(m[t])) for m in masks]
+            else:
+                features = [bool(m[t].any()) for m in masks]
+            assert heldout_majority(features, truth) <= bound, (kind, t)
+
+
+def test_the_grounding_baseline_and_what_one_frame_gives():
+    """The best answer that ignores the clip scores 0.279 mean IoU over the drawn spans
+    (worked by hand: the spans of 1, 2 and 3 pairs drawn alike, each start alike); from
+    one frame (whether the square shows in it) the best span scores at most about
+    0.44, against 1.0 from every frame."""
+    guess, score = grounding_baseline()
+    assert score == pytest.approx(0.2787, abs=1e-4) and guess == [0.25, 1.5]
+    rng = np.random.default_rng(1)
+    clips = [grounding_clip(rng) for _ in range(3000)]
+    assert np.mean([interval_iou(guess, span) for _, span in clips]) == pytest.approx(score, abs=0.02)
+    grid = [i / 8 for i in range(17)]
+    spans = [[a, b] for a in grid for b in grid if b > a]
+    shown = np.array([lit(frames).any(axis=(1, 2)) for frames, _ in clips])
+    for t in (0, 5, 10, 15):
+        total = 0.0
+        for value in (True, False):
+            mine = [span for (_, span), on in zip(clips, shown[:, t], strict=True) if on == value]
+            fit, test = mine[0::2], mine[1::2]
+            best = max(spans, key=lambda s: sum(interval_iou(s, g) for g in fit))
+            total += sum(interval_iou(best, g) for g in test)
+        assert total / (len(clips) / 2) < 0.47, t

@@ -151,6 +151,7 @@ def test_make_synthetic_media_tool_writes_a_dataset(tmp_path):
     import sys
     from pathlib import Path
 
+    from omni_rl.preprocess.motion import ROUTED_KINDS
     from omni_rl.preprocess.rows import read_rows
 
     tool = Path(__file__).parent.parent / "tools" / "make_synthetic_media.py"
@@ -168,3 +169,9 @@ def test_make_synthetic_media_tool_writes_a_dataset(tmp_path):
     assert not failures and len(rows) == 8 and {r.problem_type for r in rows} == {"multiple_choice"}
     assert {r.fields["data_source"] for r in rows} == {f"video_{k}" for k in ("direction", "order", "count", "when")}
     assert [bool(r.fields.get("decoy")) for r in rows] == [False, False, False, True] * 2
+    routed = ["--out", str(tmp_path / "routed"), "--videos", "6", "--motion", "--kinds", *ROUTED_KINDS]
+    result = subprocess.run([sys.executable, str(tool), *routed], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "grounding: the best answer without the clip, [0.25, 1.5], scores mean IoU 0.279" in result.stderr
+    rows, failures = read_rows(result.stdout.strip())  # every answer valid for its reward
+    assert not failures and [r.problem_type for r in rows] == ["multiple_choice", "counting", "temporal_grounding"] * 2

@@ -2,6 +2,7 @@
 
     python tools/make_synthetic_media.py --out data/shapes --videos 100 [--tones 20 --images 20 --seed 0]
     python tools/make_synthetic_media.py --motion --out data/motion --videos 400 [--decoy-every 5 --seed 0]
+    python tools/make_synthetic_media.py --motion --kinds heading counting grounding --out data/routed --videos 300
 
 Shapes: each video shows 1-3 coloured shapes that enter at known times and move in known
 directions; four rows ask about it (direction, count, colour, entry time), several of
@@ -12,14 +13,18 @@ OUT/truth.jsonl and OUT/media/.
 question per clip, cycling through four kinds that need several frames (which way a
 square moves, which of two squares appears first, how many times one flashes, in which
 half one shows); ``--decoy-every K`` makes every K-th question state its answer.
-Writes OUT/data.jsonl and OUT/media/.
+``--kinds`` picks the kinds, among them those each routed to a reward of its own:
+``heading`` (four-way multiple choice), ``counting`` (a number, 0 to 4) and
+``grounding`` (a [start, end] span scored by IoU; the tool prints the mean IoU of the
+best answer that ignores the clip). Writes OUT/data.jsonl and OUT/media/.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from omni_rl.preprocess.motion import write_motion_qa
+from omni_rl.preprocess.motion import KINDS, QUESTIONS, grounding_baseline, write_motion_qa
 from omni_rl.preprocess.scenes import write_video_qa
 
 
@@ -28,6 +33,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--motion", action="store_true", help="the video quickstart's clips (see above)")
     parser.add_argument("--decoy-every", type=int, default=0, help="with --motion: every K-th question a decoy")
+    parser.add_argument(
+        "--kinds", nargs="+", choices=list(QUESTIONS), default=list(KINDS), help="with --motion: the kinds, cycled"
+    )
     parser.add_argument("--videos", type=int, default=20)
     parser.add_argument("--tones", type=int, default=0)
     parser.add_argument("--images", type=int, default=0)
@@ -39,8 +47,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.decoy_every and not args.motion:
         parser.error("--decoy-every: only the --motion clips have decoys")
+    if args.kinds != list(KINDS) and not args.motion:
+        parser.error("--kinds: only the --motion clips have kinds")
     if args.motion:
-        print(write_motion_qa(args.out, args.videos, args.seed, decoy_every=args.decoy_every))
+        if "grounding" in args.kinds:
+            guess, score = grounding_baseline()
+            print(f"grounding: the best answer without the clip, {guess}, scores mean IoU {score:.3f}", file=sys.stderr)
+        print(write_motion_qa(args.out, args.videos, args.seed, decoy_every=args.decoy_every, kinds=tuple(args.kinds)))
         return
     data = write_video_qa(
         args.out, args.videos, args.seed, args.seconds, args.fps, args.width, args.height, args.tones, args.images
