@@ -489,3 +489,18 @@ def test_a_line_that_cannot_be_read_is_reported_once(tmp_path, clips, tiny, monk
     said = [r.getMessage() for r in caplog.records if f"{data}:13" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{data}: 1 row cannot be read (left out of kept.jsonl and ")
     assert f"{data}:13: invalid JSON" in said[0]
+
+
+def test_a_refused_row_is_told_from_its_duplicate_by_where_it_was_read(tmp_path, clips, tiny, monkeypatch, caplog):
+    """A row with a missing clip and a later copy of its id (a line that cannot be read):
+    one row unusable, one line unreadable, each counted once."""
+    data = clips.parent / "ghost_twice.jsonl"
+    data.write_text(clips.read_text() + json.dumps(GHOST) + "\n" + json.dumps(GHOST) + "\n")
+    monkeypatch.setattr(curate, "answer_rows", canned(lambda sample: None))
+    out = tmp_path / "curated"
+    with caplog.at_level("WARNING", logger="omni_rl.evaluation.curate"):
+        assert main(["curate", "text-only", str(data), "--model", str(tiny), "--out", str(out), *SETS]) == 0
+    assert f"{data}: 1 row cannot be used for training" in caplog.text
+    assert f"{data}: 1 row cannot be read" in caplog.text and f"{data}:14 ghost-1: duplicate id" in caplog.text
+    report = json.loads((out / "report.json").read_text())
+    assert (report["unusable_rows"], report["refused_rows"]) == (1, 1)

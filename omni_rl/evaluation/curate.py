@@ -209,13 +209,13 @@ def as_training_reads(
     )
 
 
-def unusable_rows(rows: list[Row], as_trained: MediaDataset) -> dict[str, str]:
-    """{row id: why} for the rows of ``rows`` that ``as_trained`` (the same file) refused
-    as it loaded. Its other failures are lines that are not rows at all (``read_rows``
-    refused them too): a refused row is matched by where it was read, so a duplicate
-    id's refused copy is not taken for its first row."""
-    by_source = {row.source: row for row in rows}
-    return {by_source[f.path].id: f.reason for f in as_trained.failures if f.path in by_source}
+def refused_at_load(rows: list[Row], as_trained: MediaDataset) -> list[RowFailure]:
+    """The failures of ``as_trained`` (read from the file ``rows`` came from) that refused
+    one of ``rows`` as it loaded. Its other failures are lines that are not rows at all
+    (``read_rows`` refused them too): a refused row is matched by where it was read, so
+    a duplicate id's refused copy is not taken for its first row."""
+    sources = {row.source for row in rows}
+    return [failure for failure in as_trained.failures if failure.path in sources]
 
 
 def say_left_out(data: str | Path, refused: list[RowFailure], unusable: list[RowFailure]) -> None:
@@ -257,7 +257,8 @@ def curate(
     """Ask every row of ``data`` as ``rule`` says (without its media for ``TextOnly``;
     with them, from ``cache`` where it holds them, for ``Difficulty``); write to
     ``out``: ``kept.jsonl`` (the rows the rule keeps, media and all), ``dropped.jsonl``
-    (the others, each with its pass rate under ``rule.rate_key``), ``passes.jsonl``
+    (the others, each with its pass rate under ``rule.rate_key``, and the rows training
+    would refuse, not asked, each with the reason under ``unusable``), ``passes.jsonl``
     (the progress, one line per row) and ``report.json``; returns the report
     (``report`` below). Rows already in ``passes.jsonl`` are not asked again when the
     same model, seed and asking answered them (``asked_by``); the others are.
@@ -267,9 +268,10 @@ def curate(
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
     as_trained = as_training_reads(data, budgets, cache, rule, prompt_template, columns)
-    unusable = unusable_rows(rows, as_trained)
+    refused_rows = refused_at_load(rows, as_trained)
+    unusable = {failure.id: failure.reason for failure in refused_rows}
     if where.is_main:
-        say_left_out(data, refused, [f for f in as_trained.failures if f.id in unusable])
+        say_left_out(data, refused, refused_rows)
     usable = [row for row in rows if row.id not in unusable]
     sampling = SamplingParams(
         temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
