@@ -12,6 +12,7 @@ import os
 import platform
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -56,6 +57,23 @@ class RunConfig:
 
     def __post_init__(self):
         require(self.threads is None or self.threads >= 1, "threads", "must be >= 1")
+
+
+def umask_mode() -> int:
+    """The mode a new file gets under this process's umask (0o644 under 022)."""
+    umask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def umask_files(path: str | Path) -> None:
+    """Give the file ``path``, or every file under the folder ``path``, the mode a new
+    file gets under the umask: safetensors creates its files 600, which would leave
+    weights and cache entries unreadable to the user's group."""
+    path = Path(path)
+    mode = umask_mode()
+    for file in [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file()):
+        os.chmod(file, mode)
 
 
 def set_threads(threads: int | None = None) -> int:

@@ -34,6 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from omni_rl.errors import OmniRLError, stop_on_disk_full
+from omni_rl.runtime import umask_files
 
 FORMAT = "omni_rl.media_cache"
 FORMAT_VERSION = 1
@@ -215,6 +216,7 @@ class MediaCache:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tensors = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in tensors.items()}
                 save_file(tensors, str(tmp), metadata=metadata)
+                umask_files(tmp)  # safetensors writes 600
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)

@@ -29,6 +29,7 @@ import torch
 
 from omni_rl.errors import OmniRLError
 from omni_rl.registry import Registry
+from omni_rl.runtime import umask_files
 from omni_rl.sim import pixel_targets
 
 log = logging.getLogger(__name__)
@@ -293,13 +294,6 @@ def _stack(steps: list[list[tuple[torch.Tensor, torch.Tensor, float]]], success:
     )
 
 
-def umask_mode() -> int:
-    """The mode a new file gets under this process's umask (0o644 under 022)."""
-    umask = os.umask(0)  # reading the umask means setting it: put it straight back
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def save_demos(demos: Demos, path: str | Path) -> Path:
     """Write demos as safetensors, atomically (a temp file renamed into place), with the
     mode the user's umask gives a new file (safetensors creates its file 600)."""
@@ -310,7 +304,7 @@ def save_demos(demos: Demos, path: str | Path) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tensors = {name: getattr(demos, name).contiguous() for name in Demos.TENSORS}
     save_file(tensors, str(tmp), metadata={"omni_rl": json.dumps(demos.meta, sort_keys=True)})
-    os.chmod(tmp, umask_mode())
+    umask_files(tmp)
     os.replace(tmp, path)
     return path
 

@@ -314,3 +314,25 @@ def test_a_line_that_is_not_json_is_named_by_its_line_and_the_line_end(tmp_path,
         MediaDataset(rows, Budgets(VideoBudget(), ImageBudget()), cache_mode="no_cache")
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"{rows}:5: invalid JSON (Expecting ':' delimiter at the end of the line) (row skipped)"]
+
+
+def test_every_file_a_run_writes_takes_the_users_umask(tmp_path):
+    """safetensors creates its files 600: the media cache, the tiny model, a checkpoint's
+    exported model and its shards would be unreadable to the user's group. Every file
+    preprocess and a training run write gets the mode the umask gives (644 under 022)."""
+    import os
+    import stat
+
+    data = dataset(tmp_path)
+    cache = tmp_path / "cache"
+    before = os.umask(0o022)
+    try:
+        base = config(tmp_path, data, data={"cache": str(cache)})
+        assert main(["preprocess", str(data), "--cache", str(cache), "--config", str(base)]) == 0
+        assert train(tmp_path, data, data={"cache": str(cache)}) == 0
+    finally:
+        os.umask(before)
+    written = [p for root in (cache, tmp_path / "run") for p in root.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in written)
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
+    assert {path: mode for path, mode in modes.items() if mode != "0o644"} == {}

@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError, stop_on_disk_full
+from omni_rl.runtime import umask_files
 
 PREFIX = "step-"
 
@@ -164,6 +165,7 @@ def export_model(engine: TrainingEngine, directory: Path, processor=None, shard_
                 write_export_note(module, tmp)
                 if processor is not None:
                     processor.save_pretrained(tmp)
+            umask_files(tmp)  # safetensors writes 600
             _fsync_tree(tmp)
             _replace_dir(tmp, directory)
     finally:

@@ -18,6 +18,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models import weights
 from omni_rl.models.families import FAMILIES, Family
 from omni_rl.models.tokenizer import build_tokenizer
+from omni_rl.runtime import umask_files
 
 __all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "fill_sharded", "load", "placeholder_token_ids"]
 
@@ -133,6 +134,7 @@ def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64, aud
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
+    umask_files(out)  # safetensors writes 600
     return out
 
 

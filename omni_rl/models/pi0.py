@@ -28,6 +28,7 @@ from omni_rl.models.config import LoRAConfig
 from omni_rl.models.flow_policy import FlowPolicy, mlp
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.models.shared_prefix import gather_before_backward
+from omni_rl.runtime import umask_files
 
 
 def tiny_pi0_config(
@@ -129,6 +130,7 @@ def build_tiny_pi0(out: str | Path, seed: int = 0, width: int = 64) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
+    umask_files(out)  # safetensors writes 600
     return out
 
 
