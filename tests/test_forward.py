@@ -401,3 +401,51 @@ def test_the_chunked_head_adds_up_a_bf16_weight_gradient_in_fp32(monkeypatch):
         error = (got.double() - want).norm() / want.norm()
         one_rounding = (want.bfloat16().double() - want).norm() / want.norm()
         assert error < 1.2 * one_rounding, (error.item(), one_rounding.item())
+
+
+def test_a_patch_convolution_as_a_matrix_product_gives_the_convolutions_values_and_gradients():
+    from omni_rl.models.patch_embed import PatchConv3d, install
+
+    torch.manual_seed(0)
+    for bias in (False, True):  # Qwen2.5-VL's has none, Qwen3-VL's has one
+        conv = torch.nn.Conv3d(3, 16, kernel_size=(2, 14, 14), stride=(2, 14, 14), bias=bias)
+        patched = torch.nn.Conv3d(3, 16, kernel_size=(2, 14, 14), stride=(2, 14, 14), bias=bias)
+        patched.load_state_dict(conv.state_dict())
+        assert install(patched) == 1 and type(patched) is PatchConv3d
+        assert patched.state_dict().keys() == conv.state_dict().keys()
+        patches = torch.randn(300, 3, 2, 14, 14)
+        grad = torch.randn(300, 16, 1, 1, 1)
+        outs = [m(patches) for m in (conv, patched)]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for out in outs:
+            out.backward(grad)
+        for a, b in zip(conv.parameters(), patched.parameters(), strict=True):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-4)
+        frames = torch.randn(1, 3, 4, 28, 42)  # a whole clip, not one patch a row: the convolution's own path
+        torch.testing.assert_close(patched(frames), conv(frames))
+    strided = torch.nn.Conv3d(3, 8, kernel_size=3, stride=1)
+    assert install(strided) == 0 and type(strided) is torch.nn.Conv3d
+
+
+@pytest.mark.parametrize("family", sorted(f for f in FAMILIES if "video" in FAMILIES.get(f).modalities))
+def test_the_patched_vision_tower_trains_as_the_convolution_does(family, tiny_checkpoint, family_prompts):
+    """The group forward's log-probs and every parameter's gradient, with the patch
+    embedding as a matrix product (as ``load`` installs it) and as the convolution, on
+    two prompts of different lengths with their media, train mode under checkpointing."""
+    from omni_rl.models.patch_embed import PatchConv3d
+
+    runs = []
+    for patched in (True, False):
+        model, inputs, ids, mask, n = in_setting(family, "train+checkpointing", tiny_checkpoint, family_prompts)
+        convs = [m for m in model.modules() if isinstance(m, PatchConv3d)]
+        assert len(convs) == 1
+        if not patched:
+            convs[0].__class__ = torch.nn.Conv3d
+        logp = group_forward(model, inputs, ids, mask, n).logp
+        (logp * mask).sum().backward()
+        runs.append((logp.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}))
+    (logp_a, grads_a), (logp_b, grads_b) = runs
+    torch.testing.assert_close(logp_a, logp_b, rtol=1e-5, atol=1e-5)
+    assert grads_a.keys() == grads_b.keys() and any("patch_embed" in k for k in grads_a)
+    for key in grads_a:
+        torch.testing.assert_close(grads_a[key], grads_b[key], rtol=1e-4, atol=1e-5, msg=key)

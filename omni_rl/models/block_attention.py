@@ -128,6 +128,22 @@ def _cuda_aligned(bias: torch.Tensor | None, query: torch.Tensor, heads: int) ->
     return padded.expand(query.shape[0], heads, query.shape[2], keys)
 
 
+def same_start(starts: list[int], length: int) -> list[tuple[int, slice]]:
+    """Runs of consecutive prompts that share their first real key (prompts of one
+    length share their left padding), each run attended to in one fused call, its keys
+    a view: (start, the run's prompts). Empty prompts (start at ``length``) attend to
+    nothing and are left out."""
+    runs: list[tuple[int, slice]] = []
+    for b, start in enumerate(starts):
+        if start >= length:
+            continue
+        if runs and runs[-1][0] == start and runs[-1][1].stop == b:
+            runs[-1] = (start, slice(runs[-1][1].start, b + 1))
+        else:
+            runs.append((start, slice(b, b + 1)))
+    return runs
+
+
 class GroupAttention(torch.autograd.Function):
     """Attention of rows grouped G per prompt over the prompt's keys and their own.
 
@@ -146,24 +162,28 @@ class GroupAttention(torch.autograd.Function):
         out = unfold_heads(out_own, heads, length).float()
         lse = unfold_heads(lse_own, heads, length)
         prompt_q = fold_heads(query, kv_heads, n)
-        extras, prompt_lse = [], torch.full_like(lse, float("-inf"))
-        prompt_out = torch.zeros_like(out)
-        for b, start in enumerate(starts):
-            if start >= prompt_key.shape[2]:  # an empty prompt: nothing to attend to
-                extras.append(None)
-                continue
+        calls = same_start(starts, prompt_key.shape[2])
+        parts = []
+        for i, (start, prompts) in enumerate(calls):
             o, lse_b, extra = _kernel(
-                prompt_q[b : b + 1], prompt_key[b : b + 1, :, start:], prompt_value[b : b + 1, :, start:], None, scale
+                prompt_q[prompts], prompt_key[prompts, :, start:], prompt_value[prompts, :, start:], None, scale
             )
-            extras.append(extra)
-            prompt_out[b * n : (b + 1) * n] = unfold_heads(o, heads, length, n)
-            prompt_lse[b * n : (b + 1) * n] = unfold_heads(lse_b, heads, length, n)
+            calls[i] = (start, prompts, extra)
+            parts.append((prompts, unfold_heads(o, heads, length, n), unfold_heads(lse_b, heads, length, n)))
+        if len(parts) == 1 and parts[0][0] == slice(0, len(starts)):  # one call for every prompt
+            _, prompt_out, prompt_lse = parts[0]
+        else:
+            prompt_lse = torch.full_like(lse, float("-inf"))
+            prompt_out = torch.zeros_like(out)
+            for prompts, o, lse_b in parts:
+                rows = slice(prompts.start * n, prompts.stop * n)  # their G completions each
+                prompt_out[rows], prompt_lse[rows] = o, lse_b
         merged = torch.logaddexp(lse, prompt_lse)
         out = (out * (lse - merged).exp()[..., None] + prompt_out * (prompt_lse - merged).exp()[..., None]).to(
             query.dtype
         )
         ctx.save_for_backward(query, key, value, own_bias_, prompt_key, prompt_value, out, merged)
-        ctx.scale, ctx.n, ctx.starts, ctx.extra_own, ctx.extras = scale, n, starts, extra_own, extras
+        ctx.scale, ctx.n, ctx.extra_own, ctx.calls = scale, n, extra_own, calls
         return out
 
     @staticmethod
@@ -186,14 +206,11 @@ class GroupAttention(torch.autograd.Function):
         grad_query = unfold_heads(dq, heads, length)
         grad_pk, grad_pv = torch.zeros_like(prompt_key), torch.zeros_like(prompt_value)
         folded = [fold_heads(t, kv_heads, n) for t in (grad, query, out, merged)]
-        for b, (start, extra) in enumerate(zip(ctx.starts, ctx.extras, strict=True)):
-            if extra is None:
-                continue
-            g, q, o, lse = (t[b : b + 1] for t in folded)
-            dq_b, dk_b, dv_b = _kernel_backward(
-                g, q, prompt_key[b : b + 1, :, start:], prompt_value[b : b + 1, :, start:], None, o, lse, scale, extra
-            )
-            grad_query[b * n : (b + 1) * n] += unfold_heads(dq_b, heads, length, n)
-            grad_pk[b, :, start:] = dk_b[0]
-            grad_pv[b, :, start:] = dv_b[0]
+        for start, prompts, extra in ctx.calls:
+            g, q, o, lse = (t[prompts] for t in folded)
+            keys, values = prompt_key[prompts, :, start:], prompt_value[prompts, :, start:]
+            dq_b, dk_b, dv_b = _kernel_backward(g, q, keys, values, None, o, lse, scale, extra)
+            grad_query[prompts.start * n : prompts.stop * n] += unfold_heads(dq_b, heads, length, n)
+            grad_pk[prompts, :, start:] = dk_b
+            grad_pv[prompts, :, start:] = dv_b
         return grad_query, dk, dv, None, None, None, None, grad_pk, grad_pv
