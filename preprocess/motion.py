@@ -209,6 +209,14 @@ def grounding_clip(rng: np.random.Generator) -> tuple[np.ndarray, list[float]]:
     return frames, span_seconds(first, length)
 
 
+def chance_of(kind: str) -> float:
+    """What answering a ``kind`` question without its clip scores: a uniform guess among
+    its options, or for ``grounding`` the best constant span's mean IoU."""
+    if kind == "grounding":
+        return grounding_baseline()[1]
+    return 1 / len(QUESTIONS[kind][1])
+
+
 def write_motion_qa(
     out: str | Path,
     clips: int,

@@ -304,3 +304,35 @@ def test_audio_quickstart_small_run(tmp_path, capsys):
     assert len(rows) == 2 and rows[-1]["data/cache_misses"] == 0  # the audio came from the cache
     assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()
     assert "after GRPO" in capsys.readouterr().out
+
+
+def test_quickstart_with_the_kinds_each_routed_to_its_reward(tmp_path):
+    """The heading, counting and grounding kinds: each goes to its own reward (four-way
+    choice, a number, a span by IoU), the cold start learns their answers shuffled
+    within each kind, and the summary gives each kind its chance (1/4, 1/5, the best
+    constant span's mean IoU) and rescoring the saved answers gives its figures."""
+    from omni_rl.preprocess.motion import ROUTED_KINDS, grounding_baseline
+
+    kinds = "data.kinds=[" + ",".join(ROUTED_KINDS) + "]"
+    steps = ("data.train_clips=12", "data.heldout_clips=6", "grpo.trainer.steps=2", "grpo.rollout.max_new_tokens=32")
+    assert video_quickstart(tmp_path, kinds, *steps) == 0
+    summary = assert_summary_rescores(tmp_path)
+    assert summary["kinds"] == list(ROUTED_KINDS)
+    assert set(summary["per_type"]) == {"multiple_choice", "counting", "temporal_grounding"}
+    chances = {k: e["chance"] for k, e in summary["per_source"].items()}
+    expected = {"video_heading": 0.25, "video_counting": 0.2, "video_grounding": grounding_baseline()[1]}
+    assert chances == pytest.approx(expected)
+    assert summary["overall"]["chance"] == pytest.approx(sum(chances.values()) / 3)
+    sft_rows = [json.loads(line) for line in (tmp_path / "data" / "train" / "sft.jsonl").read_text().splitlines()]
+    assert len(sft_rows) % 3 == 0 and {r["problem_type"] for r in sft_rows} == set(summary["per_type"])
+
+
+def test_quickstart_kinds_are_checked():
+    from omni_rl.config import FieldError
+    from omni_rl.demos.quickstart_config import QuickstartData
+
+    with pytest.raises(FieldError, match=r"\['spin'\]: no such kind"):
+        QuickstartData(kinds=["heading", "spin"])
+    with pytest.raises(FieldError, match="prime to the 3 kinds"):
+        QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=3)
+    QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=4)

@@ -30,18 +30,18 @@ from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
-from omni_rl.preprocess.motion import write_motion_qa
+from omni_rl.preprocess.motion import KINDS, QUESTIONS, chance_of, write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
 from omni_rl.runtime import apply_run_settings
 
 
-def split_rows(data: Path, fraction: float, out: Path) -> Path:
-    """The first ``fraction`` of the rows, in whole fours (the kinds of question cycle
-    row by row, four of them in the video set and in the audio set: one of each kind)."""
+def split_rows(data: Path, fraction: float, out: Path, kinds: int = 4) -> Path:
+    """The first ``fraction`` of the rows, in whole cycles of the ``kinds`` kinds of
+    question (which cycle row by row: one of each kind a cycle)."""
     rows = data.read_text().splitlines()
-    keep = max(4, int(len(rows) * fraction) // 4 * 4)
+    keep = max(kinds, int(len(rows) * fraction) // kinds * kinds)
     out.write_text("\n".join(rows[:keep]) + "\n")
     return out
 
@@ -156,11 +156,18 @@ def by_label(row: dict) -> str:
     return "decoys" if row.get(LABEL) else "grounded"
 
 
-def compare(heldout: Path, after_sft: dict, after_rl: dict, group: Callable[[dict], str] = by_source) -> dict:
+def compare(
+    heldout: Path,
+    after_sft: dict,
+    after_rl: dict,
+    group: Callable[[dict], str] = by_source,
+    baseline: Callable[[dict], float | None] = chance,
+) -> dict:
     """Per group of rows (``group``: by data source) and ``overall``: held-out rows,
-    chance, accuracy after SFT and after RL with 95% intervals (``*_ci95``), and the
-    gain with the 95% interval of the paired difference over the same questions. Rows
-    scored in only one of the two evaluations are left out of both."""
+    chance (the mean of ``baseline`` over its rows: a row's score without its media),
+    accuracy after SFT and after RL with 95% intervals (``*_ci95``), and the gain with
+    the 95% interval of the paired difference over the same questions. Rows scored in
+    only one of the two evaluations are left out of both."""
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
     groups: dict[str, list[dict]] = {"overall": []}
@@ -171,7 +178,7 @@ def compare(heldout: Path, after_sft: dict, after_rl: dict, group: Callable[[dic
     result = {}
     for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
         sft_scores, rl_scores = [before[r["id"]] for r in mine], [after[r["id"]] for r in mine]
-        chances = [chance(r) for r in mine]
+        chances = [baseline(r) for r in mine]
         gain, low, high = paired_gain(sft_scores, rl_scores) if mine else (0.0, 0.0, 0.0)
         entry = {"rows": len(mine), "chance": None if None in chances or not mine else sum(chances) / len(mine)}
         for phase, scores in (("sft", sft_scores), ("rl", rl_scores)):
@@ -197,15 +204,24 @@ def compare_table(compared: dict) -> str:
     return "\n".join(lines)
 
 
-def write_summary(out: Path, heldout: Path, after_sft: dict, after_rl: dict, started: float, **extra) -> dict:
+def write_summary(
+    out: Path,
+    heldout: Path,
+    after_sft: dict,
+    after_rl: dict,
+    started: float,
+    baseline: Callable[[dict], float | None] = chance,
+    **extra,
+) -> dict:
     """``summary.json`` (held-out accuracy after SFT and after RL, per problem type, and
     per data source with chance, 95% intervals and the gain; where some held-out rows
     are decoys, the same for them and for the others, ``per_label``; ``extra``,
     seconds), ``heldout_answers.jsonl`` (each held-out row's answers after SFT and after
     RL, which the accuracies score), curve PNGs, and the comparison printed.
-    ``heldout``: the held-out rows' dataset file."""
-    compared = compare(heldout, after_sft, after_rl)
-    labelled = compare(heldout, after_sft, after_rl, by_label)
+    ``heldout``: the held-out rows' dataset file; ``baseline``: a row's score without
+    its media (``compare``)."""
+    compared = compare(heldout, after_sft, after_rl, baseline=baseline)
+    labelled = compare(heldout, after_sft, after_rl, by_label, baseline)
     if "decoys" in labelled:
         labelled.pop("overall")
         extra = {"per_label": labelled, **extra}
@@ -247,10 +263,11 @@ def main(cfg: QuickstartConfig) -> dict:
     started, out, runtime = begin(cfg)
     d = cfg.data
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
-    controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames, "decoy_every": d.decoy_every}
+    kinds = tuple(d.kinds)
+    controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames, "decoy_every": d.decoy_every, "kinds": kinds}
     train = write_motion_qa(out / "data" / "train", d.train_clips, cfg.run.seed, **controls)
     heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, **controls)
-    sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
+    sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl", len(kinds))
     if d.sft_shuffled_answers:
         shuffle_answers(sft_rows, cfg.run.seed)
     if d.sft_text_only:
@@ -273,7 +290,16 @@ def main(cfg: QuickstartConfig) -> dict:
         kept = len((train.parent.parent / "kept.jsonl").read_text().splitlines())
         rows = len(train.read_text().splitlines())
         controls |= {"curation": {"model": "the decoy labels", "rows": rows, "dropped": rows - kept}}
-    return write_summary(out, heldout, after_sft, after_rl, started, **controls, runtime=runtime)
+    if kinds != KINDS:
+        controls |= {"kinds": list(kinds)}
+    return write_summary(out, heldout, after_sft, after_rl, started, motion_chance, **controls, runtime=runtime)
+
+
+def motion_chance(row: dict) -> float | None:
+    """A held-out row's score without its clip: its kind's (``chance_of``), or a uniform
+    guess among its options for a row of no kind."""
+    kind = by_source(row).removeprefix("video_")
+    return chance_of(kind) if kind in QUESTIONS else chance(row)
 
 
 def curated(cfg, train: Path, model_dir: str | None, sft_model: Path) -> Path:

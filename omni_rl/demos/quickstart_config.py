@@ -4,12 +4,14 @@ generates and runs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from omni_rl.config import require
 from omni_rl.data.config import DataConfig
 from omni_rl.engine.config import AdamWConfig, TrainerConfig
 from omni_rl.preprocess.config import MediaConfig
+from omni_rl.preprocess.motion import KINDS, QUESTIONS
 from omni_rl.recipes.grpo_config import AlgorithmConfig, GRPOConfig
 from omni_rl.recipes.sft_config import SFTConfig
 from omni_rl.rewards.config import RewardsConfig
@@ -33,13 +35,19 @@ FILLED = (
 
 @dataclass
 class QuickstartData:
-    """The synthetic video-QA set of the quickstart: one clip per question, four kinds
-    that need several frames (``omni_rl.preprocess.motion``)."""
+    """The synthetic video-QA set of the quickstart: one clip per question, kinds that
+    need several frames (``omni_rl.preprocess.motion``)."""
 
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))
+    """The kinds of question, cycled: the four two-option kinds (default), and any of
+    ``heading`` (four options), ``counting`` (a number, 0 to 4, the ``counting`` reward)
+    and ``grounding`` (a [start, end] span, the ``temporal_grounding`` reward, which
+    needs ``grpo.rollout.max_new_tokens: 32`` to end its answer). The summary gives each
+    kind's chance: a uniform guess, or for grounding the best constant span's IoU."""
     train_clips: int = 800
     """Training clips (one question each)."""
     heldout_clips: int = 200
-    """Held-out clips, never trained on (50 per kind)."""
+    """Held-out clips, never trained on (50 per kind of the four)."""
     sft_fraction: float = 0.25
     """Part of the training set used for the SFT cold start."""
     sft_shuffled_answers: bool = True
@@ -57,10 +65,10 @@ class QuickstartData:
     decoy_every: int = 0
     """Every k-th question of the training and held-out sets a decoy, labelled
     ``"decoy": true``: its wording states the answer, so the text alone answers it (the
-    known truth to check ``omni-rl curate text-only`` against; 0: none). Odd, so that
-    the decoys fall on all four kinds, which cycle (k = 4 would make every "when"
-    question a decoy and no other). The cold start keeps decoys' true answers where it
-    shuffles the others': the wording states them."""
+    known truth to check ``omni-rl curate text-only`` against; 0: none). Prime to the
+    number of kinds (odd for the four), so that the decoys fall on every kind, which
+    cycle (k = 4 would make every "when" question a decoy and no other). The cold start
+    keeps decoys' true answers where it shuffles the others': the wording states them."""
     sft_text_only: float = 0.0
     """Share of the cold start's rows shown without their clip, the question alone, so
     the SFT model answers text-only prompts in form, as ``omni-rl curate text-only``
@@ -87,10 +95,14 @@ class QuickstartData:
     def __post_init__(self):
         require(self.train_clips >= 8 and self.heldout_clips >= 4, "train_clips", "need >= 8 train, >= 4 held out")
         require(0 < self.sft_fraction <= 1, "sft_fraction", "must be in (0, 1]")
+        unknown = [k for k in self.kinds if k not in QUESTIONS]
+        require(not unknown, "kinds", f"{unknown}: no such kind; the kinds are {list(QUESTIONS)}")
+        require(len(self.kinds) == len(set(self.kinds)) > 0, "kinds", "must name each kind once, at least one")
+        count = len(self.kinds)
         require(
-            self.decoy_every == 0 or (self.decoy_every > 0 and self.decoy_every % 2 == 1),
+            self.decoy_every == 0 or (self.decoy_every > 0 and math.gcd(self.decoy_every, count) == 1),
             "decoy_every",
-            "must be 0 (no decoys) or odd (the four kinds cycle: an even k puts every decoy on two kinds or one)",
+            f"must be 0 (no decoys) or prime to the {count} kinds, which cycle (else decoys fall on some kinds only)",
         )
         require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
         require(self.unreachable_rows >= 0, "unreachable_rows", "must be >= 0")
