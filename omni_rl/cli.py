@@ -295,6 +295,18 @@ def _quickstart(args: argparse.Namespace) -> int:
     return _run_recipe(args, f"quickstart_{chosen[0]}" if chosen else "quickstart")
 
 
+def _check_eval(args: argparse.Namespace) -> None:
+    """``eval``'s line: the flags that go together, and ``--samples`` >= 1."""
+    if args.benchmark and args.config:
+        raise OmniRLError("eval --benchmark: --config does not apply (set the protocol with --set protocol.X=Y)")
+    if not args.benchmark and args.predictions:
+        raise OmniRLError("eval: --predictions needs --benchmark (the preset's parser and metric score them)")
+    if not args.benchmark and not args.model:
+        raise OmniRLError("eval: --model is required (or --benchmark with --predictions)")
+    if args.samples is not None and args.samples < 1:
+        raise OmniRLError("eval: --samples must be >= 1")
+
+
 @command(
     "eval",
     "evaluate a checkpoint on a dataset (accuracy per problem type and source) or on a benchmark preset "
@@ -311,16 +323,11 @@ def _quickstart(args: argparse.Namespace) -> int:
         "--out", metavar="PATH", help="the summary JSON (a file); with --benchmark a directory (default runs/eval/NAME)"
     ),
     overrides("--set media.max_frames=16; with --benchmark only protocol fields, e.g. --set protocol.nframes=16"),
+    check=_check_eval,
 )
 def _eval(args: argparse.Namespace) -> int:
     if args.benchmark:
-        if args.config:
-            raise OmniRLError("eval --benchmark: --config does not apply (set the protocol with --set protocol.X=Y)")
         return _eval_benchmark(args)
-    if args.predictions:
-        raise OmniRLError("eval: --predictions needs --benchmark (the preset's parser and metric score them)")
-    if not args.model:
-        raise OmniRLError("eval: --model is required (or --benchmark with --predictions)")
     import json
     from pathlib import Path
 
@@ -335,8 +342,6 @@ def _eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")
     samples = args.samples or 1
-    if samples < 1:
-        raise OmniRLError("--samples must be >= 1")
     # any recipe's config: the sections it has apply, the defaults stand in for the others
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
@@ -357,6 +362,22 @@ def _eval(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
     return 0
+
+
+def _check_curate(args: argparse.Namespace) -> None:
+    """Both curations' line: counts >= 1, the dataset a file, and each rule's bounds."""
+    from pathlib import Path
+
+    if args.samples < 1:
+        raise OmniRLError("curate: --samples must be >= 1")
+    if args.batch_prompts < 1:
+        raise OmniRLError("curate: --batch-prompts must be >= 1")
+    if not Path(args.data).is_file():
+        raise OmniRLError(f"{args.data}: no such dataset file")
+    if hasattr(args, "threshold") and not 0 < args.threshold <= 1:
+        raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
+    if hasattr(args, "low") and not 0 <= args.low < args.high <= 1:
+        raise OmniRLError(f"curate: --low {args.low} and --high {args.high} must satisfy 0 <= low < high <= 1")
 
 
 CURATE_ARGS = (
@@ -394,12 +415,11 @@ CURATE_ARGS = (
         metavar="P",
         help="a text-only pass rate >= P drops the row (default: 0.875, 7 of 8)",
     ),
+    check=_check_curate,
 )
 def _curate_text_only(args: argparse.Namespace) -> int:
     from omni_rl.evaluation.curate import TextOnly
 
-    if not 0 < args.threshold <= 1:
-        raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
     return _curate(args, TextOnly(args.threshold))
 
 
@@ -411,12 +431,11 @@ def _curate_text_only(args: argparse.Namespace) -> int:
     *CURATE_ARGS,
     arg("--low", type=float, default=0.0, metavar="P", help="a pass rate <= P drops the row (default: 0)"),
     arg("--high", type=float, default=1.0, metavar="P", help="a pass rate >= P drops the row (default: 1)"),
+    check=_check_curate,
 )
 def _curate_difficulty(args: argparse.Namespace) -> int:
     from omni_rl.evaluation.curate import Difficulty
 
-    if not 0 <= args.low < args.high <= 1:
-        raise OmniRLError(f"curate: --low {args.low} and --high {args.high} must satisfy 0 <= low < high <= 1")
     return _curate(args, Difficulty(args.low, args.high))
 
 
@@ -433,12 +452,6 @@ def _curate(args: argparse.Namespace, rule) -> int:
     from omni_rl.rollout import build_rollout_engine
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
-    if args.samples < 1:
-        raise OmniRLError("curate: --samples must be >= 1")
-    if args.batch_prompts < 1:
-        raise OmniRLError("curate: --batch-prompts must be >= 1")
-    if not Path(args.data).is_file():
-        raise OmniRLError(f"{args.data}: no such dataset file")
     cfg = load_config(args.config, args.overrides, recipe="grpo")
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()

@@ -264,6 +264,7 @@ def test_train_checks_every_input_path_before_it_loads_or_writes(tmp_path, capsy
     assert not out.exists()
 
 
+MODEL_OUT = ("--model", "m", "--out", "o")
 FAST_FAIL = """
 import sys
 from omni_rl.cli import main
@@ -285,8 +286,30 @@ print(code, heavy)
         (["train", "configs/demo.yaml"], "configs/demo.yaml: recipe 'demo' is not trainable"),
         (["config", "show", "configs/does-not-exist.yaml"], "configs/does-not-exist.yaml: cannot read config"),
         (["eval", "--model", "m", "--data", "d", "--config", "nowhere.yaml"], "nowhere.yaml: cannot read config"),
+        (["eval", "--data", "d"], "eval: --model is required"),
+        (["eval", "--model", "m", "--data", "d", "--samples", "0"], "eval: --samples must be >= 1"),
+        (["curate", "text-only", "nowhere.jsonl", *MODEL_OUT], "nowhere.jsonl: no such dataset"),
+        (["curate", "text-only", "README.md", *MODEL_OUT, "--threshold", "0"], "curate: --threshold 0.0 is not in"),
+        (["curate", "difficulty", "README.md", *MODEL_OUT, "--low", "0.9", "--high", "0.1"], "curate: --low 0.9"),
+        (["curate", "difficulty", "README.md", *MODEL_OUT, "--samples", "0"], "curate: --samples must be >= 1"),
     ],
-    ids=["missing", "missing_option", "none", "twice", "resume", "set", "not_trainable", "config_show", "eval_config"],
+    ids=[
+        "missing",
+        "missing_option",
+        "none",
+        "twice",
+        "resume",
+        "set",
+        "not_trainable",
+        "config_show",
+        "eval_config",
+        "eval_model",
+        "eval_samples",
+        "curate_data",
+        "curate_threshold",
+        "curate_bounds",
+        "curate_samples",
+    ],
 )
 def test_a_bad_config_path_or_argument_fails_before_the_heavy_imports(argv, error):
     """What the command line itself gets wrong is reported before torch is imported
