@@ -74,7 +74,7 @@ def load(
     """
     from transformers import AutoConfig, AutoProcessor
 
-    from omni_rl.models import patch_embed, shared_prefix
+    from omni_rl.models import shared_prefix
 
     path = checkpoint_dir(path)
     family = family_of(path)
@@ -87,7 +87,6 @@ def load(
         model = weights.empty_model(family.model_cls(), config, dtype, path)
     model.omni_rl_stored = weights.StoredWeights(path, weights.stored_dtype(path, default=dtype))
     shared_prefix.install(model)
-    patch_embed.install(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return model.eval(), processor
 
