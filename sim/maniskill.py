@@ -186,7 +186,7 @@ class _ManiSkillVecEnv(abc.ABC):
         self.layout = None  # an rgb env's FlatLayout
         self.renders_on_request = settings.obs_mode == "rgb"
         if self.renders_on_request:
-            from omni_rl.models.pi0 import FlatLayout
+            from omni_rl.observations import FlatLayout
 
             parts = self._camera_parts()  # (joint positions, state vector)
             instructions = (INSTRUCTIONS[settings.task],)

@@ -3,7 +3,7 @@ the CPU backend's workers (``omni_rl.sim.maniskill_worker``): the backends start
 workers, so the workers do not import the backends back.
 
 With a camera (``obs_mode="rgb"``) the task's observations are flat vectors laid out as
-``omni_rl.models.pi0.FlatLayout`` reads them: the task camera's image [3, S, S] (values
+``omni_rl.observations.FlatLayout`` reads them: the task camera's image [3, S, S] (values
 0-255), the index of the task's instruction (one per task, ``INSTRUCTIONS``), the
 robot's joint positions (what the actor sees beside the image), then ManiSkill's whole
 state vector (privileged: goal and object poses, for the scripted experts and a

@@ -13,7 +13,7 @@ for the scripted expert and a privileged critic, never for the actor.
 Observations are flat float vectors (``PixelObservation.flat``: image, instruction
 index, state, privileged state), so a flow policy's rollout buffers, demonstrations
 files and behaviour cloning hold them as they hold state vectors; a pi_0 policy unpacks
-them by the env's ``layout`` (``omni_rl.models.pi0.FlatLayout``).
+them by the env's ``layout`` (``omni_rl.observations.FlatLayout``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_rl.models.pi0 import FlatLayout
+from omni_rl.observations import FlatLayout
 from omni_rl.sim.point_mass import PointMassEnv
 from omni_rl.sim.point_mass import expert_action as point_mass_expert
 

@@ -28,6 +28,7 @@ from omni_rl.models.config import LoRAConfig
 from omni_rl.models.flow_policy import FlowPolicy, mlp
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.models.shared_prefix import gather_before_backward
+from omni_rl.observations import FlatLayout
 from omni_rl.runtime import umask_files
 
 
@@ -271,36 +272,6 @@ class Pi0Context:
 
     prefix: Pi0Prefix
     state: torch.Tensor
-
-
-@dataclass(frozen=True)
-class FlatLayout:
-    """How an env packs one observation into a flat float vector (what a flow policy's
-    rollout buffers and demonstrations hold): one camera's image [3, S, S] (values
-    0-255), the instruction's index into ``instructions``, the state, a privileged
-    state (``omni_rl.sim.pixel_targets``'s layout)."""
-
-    image_size: int
-    instructions: tuple[str, ...]
-    state_dim: int
-    privileged_dim: int
-
-    @property
-    def size(self) -> int:
-        return 3 * self.image_size**2 + 1 + self.state_dim + self.privileged_dim
-
-    def split(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(uint8 images [N, 3, S, S], instruction indices [N], state [N, s], privileged
-        [N, p])."""
-        if obs.ndim != 2 or obs.shape[1] != self.size:
-            raise OmniRLError(f"pi0 observations: flat vectors [N, {self.size}] ({self}), got {list(obs.shape)}")
-        pixels = 3 * self.image_size**2
-        images = obs[:, :pixels].round().clamp(0, 255).to(torch.uint8).view(-1, 3, self.image_size, self.image_size)
-        index = obs[:, pixels].round().long()
-        if bool(((index < 0) | (index >= len(self.instructions))).any()):
-            raise OmniRLError(f"pi0 observations: an instruction index outside 0..{len(self.instructions) - 1}")
-        state = obs[:, pixels + 1 : pixels + 1 + self.state_dim]
-        return images, index, state, obs[:, pixels + 1 + self.state_dim :]
 
 
 class Pi0Encoder(nn.Module):

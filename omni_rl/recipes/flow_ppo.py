@@ -48,7 +48,8 @@ from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
-from omni_rl.models.pi0 import FlatLayout, Pi0Backbone, Pi0FlowPolicy
+from omni_rl.models.pi0 import Pi0Backbone, Pi0FlowPolicy
+from omni_rl.observations import FlatLayout
 from omni_rl.recipes.common import (
     MetricsLog,
     Run,
