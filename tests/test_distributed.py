@@ -66,6 +66,22 @@ def _torchrun(processes: int, config: Path) -> list[str]:
     return [TORCHRUN, f"--nproc-per-node={processes}", *rendezvous, "-m", "omni_rl", "train", str(config)]
 
 
+def on_two_ranks(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    """Run the script ``source`` under torchrun on 2 local processes with ``args``; it
+    must exit 0."""
+    script = tmp_path / "on_ranks.py"
+    script.write_text(source)
+    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
+    done = subprocess.run([*command, str(script), *args], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def rank_results(tmp_path: Path) -> list:
+    """What each rank's script wrote to ``tmp_path/rank{r}.json``, in rank order."""
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
 def launch(config: Path, processes: int, *extra: str, wait: bool = True):
     """``python -m omni_rl train`` in one process, or torchrun with ``processes``."""
     single = [PYTHON, "-m", "omni_rl", "train", str(config)]
@@ -265,13 +281,7 @@ def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
 
     torch.manual_seed(0)
     groups = torch.rand(4, 3)
-    script = tmp_path / "advantages.py"
-    script.write_text(ADVANTAGES_ON_RANKS)
-    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run(
-        [*command, str(script), json.dumps(groups.tolist())], env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = on_two_ranks(tmp_path, ADVANTAGES_ON_RANKS, json.dumps(groups.tolist()))
     result = json.loads(done.stdout.strip().splitlines()[-1])
     cfg = load_config(None, ["data.train=x", "rollout.n=3", "algorithm.advantage=reinforce_pp"], recipe="grpo")
     one = grpo._advantages(groups.flatten(), False, cfg)
@@ -308,12 +318,8 @@ def test_lockstep_pads_every_rank_to_the_busiest_with_zero_weight_copies(tmp_pat
     item marked not real; a rank with none runs the filler it is given, and without
     one it is refused (not left to hang its peers). ``all_ranks`` (the decode loop's
     stop test) is false on both ranks while one rank's flag is."""
-    script = tmp_path / "lockstep.py"
-    script.write_text(LOCKSTEP_ON_RANKS)
-    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    on_two_ranks(tmp_path, LOCKSTEP_ON_RANKS, str(tmp_path))
+    got = dict(enumerate(rank_results(tmp_path)))
     assert got[0]["padded"] == [["a", True], ["b", True], ["c", True]]
     assert got[1]["padded"] == [["d", True], ["d", False], ["d", False]]
     assert got[0]["empty"] == [["x", True], ["y", True]]
@@ -372,15 +378,8 @@ def test_decoder_layers_hold_no_gathered_weights_after_forward_or_backward(tmp_p
     shared-prefix forward (prompt pass, then completions) and after its backward, which
     reaches the prompt pass through the stored keys and values and gathers the layer
     again for it; with and without gradient checkpointing."""
-    script = tmp_path / "gathered.py"
-    script.write_text(GATHERED_ON_RANKS)
-    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run(
-        [*command, str(script), str(tmp_path), checkpointing], env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank in (0, 1):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    on_two_ranks(tmp_path, GATHERED_ON_RANKS, str(tmp_path), checkpointing)
+    for got in rank_results(tmp_path):
         assert got["layers"] >= 2 and (got["after_forward"], got["after_backward"]) == (0, 0), got
         assert math.isfinite(got["grad_norm"]) and got["grad_norm"] > 0, got
 
@@ -456,13 +455,8 @@ def test_the_prompts_backward_prefetches_each_layer_as_the_completions_backward_
     completions' call while layers 3, 2 and 1 are reduced, the prompt's while 2 and 1
     are (the last layer's prompt output gets no gradient, so the keys' gradient hook
     gathers it, with no layer before it to prefetch by)."""
-    script = tmp_path / "prefetch.py"
-    script.write_text(PREFETCH_ON_RANKS)
-    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank in (0, 1):
-        completions, prompt = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    on_two_ranks(tmp_path, PREFETCH_ON_RANKS, str(tmp_path))
+    for completions, prompt in rank_results(tmp_path):
         assert gathered_ahead(completions) == 3, completions
         assert gathered_ahead(prompt) == 2, prompt
         assert prompt.count("reduce") == 5, prompt  # 4 layers and the root, each reduced once
@@ -529,6 +523,14 @@ def _launch_within(config: Path, processes: int, seconds: int):
         pytest.fail(f"the 2-process run did not finish within {seconds} s:\n{stderr[-3000:]}")
     assert process.returncode == 0, stderr[-3000:]
     return stderr
+
+
+def launch_bounded(config: Path, processes: int) -> None:
+    """One process as ``launch`` runs it, or 2 under ``_launch_within``'s time limit."""
+    if processes == 1:
+        launch(config, 1)
+    else:
+        _launch_within(config, 2, 300)
 
 
 MICRO = {"trainer": {"micro_batch_size": 1}}
@@ -606,10 +608,7 @@ def test_rows_dealt_by_tokens_train_as_one_process_does(tmp_path, videos_then_te
         raw = yaml.safe_load(config.read_text())
         raw["data"]["balance_tolerance"] = tolerance
         config.write_text(yaml.safe_dump(raw))
-        if processes == 1:
-            launch(config, 1)
-        else:
-            _launch_within(config, 2, 300)
+        launch_bounded(config, processes)
         runs[name] = tmp_path / name / "run"
     assert_same_weights(weights(runs["single"], 3), weights(runs["dealt"], 3))
     one, dealt, kept = (metrics(runs[name]) for name in ("single", "dealt", "kept"))
@@ -637,10 +636,7 @@ def test_sft_with_video_on_one_rank_and_text_on_the_other_equals_one_process(tmp
         raw["recipe"] = "sft"
         raw["trainer"].update(steps=3, save_every=0, micro_batch_size=1)
         config.write_text(yaml.safe_dump(raw))
-        if processes == 1:
-            launch(config, 1)
-        else:
-            _launch_within(config, 2, 300)
+        launch_bounded(config, processes)
         runs[strategy] = tmp_path / strategy / "run"
     assert_same_weights(weights(runs["single"], 3), weights(runs["fsdp"], 3))
     assert [r["update/dummy_encoder_passes"] for r in metrics(runs["fsdp"])] == [1, 1, 1]
@@ -684,10 +680,7 @@ def test_omni_with_audio_on_one_rank_and_images_on_the_other_equals_one_process(
     runs = {}
     for processes, strategy in ((1, "single"), (2, "fsdp")):
         config = _mixed_config(tmp_path / strategy, audio_or_image, strategy, **sections)
-        if processes == 1:
-            launch(config, 1)
-        else:
-            _launch_within(config, 2, 300)
+        launch_bounded(config, processes)
         runs[strategy] = tmp_path / strategy / "run"
     one, two = runs["single"], runs["fsdp"]
     start = initial_weights(one)
@@ -805,12 +798,7 @@ def test_the_vllm_weight_sync_gathers_each_fsdp_unit_once(tmp_path):
     """The weights pushed to vLLM from an FSDP2 model on 2 processes: every state entry,
     in bf16, equal to the unsharded model's, with one all-gather per FSDP2 unit (before:
     one per tensor, 57 here and about 730 at 7B) and every unit sharded again afterwards."""
-    script = tmp_path / "sync.py"
-    script.write_text(SYNC_ON_RANKS)
-    command = [TORCHRUN, "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}"]
-    done = subprocess.run([*command, str(script), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank in (0, 1):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    on_two_ranks(tmp_path, SYNC_ON_RANKS, str(tmp_path))
+    for got in rank_results(tmp_path):
         assert got["units"] >= 4 and got["all_gathers"] == got["units"] and got["full_tensor"] == 0, got
         assert got["same_names"] and got["max_difference"] == 0 and got["bf16"] and got["sharded_after"], got
