@@ -169,7 +169,7 @@ class GroupAttention(torch.autograd.Function):
                 prompt_q[prompts], prompt_key[prompts, :, start:], prompt_value[prompts, :, start:], None, scale
             )
             calls[i] = (start, prompts, extra)
-            parts.append((prompts, unfold_heads(o, heads, length, n), unfold_heads(lse_b, heads, length, n)))
+            parts.append((prompts, unfold_heads(o, heads, length, n).float(), unfold_heads(lse_b, heads, length, n)))
         if len(parts) == 1 and parts[0][0] == slice(0, len(starts)):  # one call for every prompt
             _, prompt_out, prompt_lse = parts[0]
         else:
