@@ -44,6 +44,10 @@ def shapes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vowels(shapes):
+    return vowel_rows(shapes)
+
+
+def vowel_rows(shapes: Path) -> Path:
     """The same questions rewarded by ``reward_plugins.vowel_share``, which a random tiny
     model's answers vary on (so that advantages are not all zero)."""
     rows = [json.loads(line) for line in shapes.read_text().splitlines()]
@@ -93,6 +97,20 @@ def launch(config: Path, processes: int, *extra: str, wait: bool = True):
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def kill_run(process: subprocess.Popen, config: Path) -> None:
+    """SIGKILL a run ``launch`` started without waiting: torchrun's process group, and
+    its training processes, which it starts in sessions of their own."""
+    os.killpg(process.pid, signal.SIGKILL)
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or one that just ended
+            continue
+        if str(config).encode() in command:
+            os.kill(int(entry.name), signal.SIGKILL)
+    process.wait()
 
 
 def initial_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -243,10 +261,10 @@ def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path
             break
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_run(process, resumed)
     done = len(log.read_text().splitlines())
     assert 2 <= done < steps
+    assert not (log.parent / "checkpoints" / f"step-{steps:08d}").exists()  # nothing ran on after the kill
     launch(resumed, 2, "--resume", "auto")
     assert metrics(tmp_path / "b" / "run") == metrics(tmp_path / "a" / "run")
     assert_same_weights(weights(tmp_path / "a" / "run", steps), weights(tmp_path / "b" / "run", steps), atol=0)
