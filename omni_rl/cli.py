@@ -252,11 +252,13 @@ def _train(args: argparse.Namespace) -> int:
     check_inputs(cfg, path)  # before the run loads a model or writes its output_dir
     from omni_rl.engine import distributed
 
+    main = True
     try:
         final = runner(recipe)(cfg, resume=args.resume)
+        main = distributed.ranks().is_main  # trainer 0, not a rollout process
     finally:
         distributed.shutdown()
-    if distributed.ranks().is_main:
+    if main:
         print(json.dumps(final, indent=2))
     return 0
 

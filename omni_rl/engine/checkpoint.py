@@ -210,7 +210,12 @@ def save(
         with stop_on_disk_full(tmp / "sharded", _nbytes(flat.values())):
             writer = dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True)
             try:
-                dcp.save(flat, storage_writer=writer, no_dist=not engine.ranks.distributed)
+                dcp.save(
+                    flat,
+                    storage_writer=writer,
+                    no_dist=not engine.ranks.distributed,
+                    process_group=distributed.trainer_group(),
+                )
             except CheckpointException as err:
                 raise _rank_failure(err) from err
         rng_tensors, rng_json = _rng_state()
@@ -354,7 +359,9 @@ def load(engine: TrainingEngine, path: str | Path) -> dict:
     stateless = {k.removeprefix("optim.").rpartition(".")[0] for k in missing}
     flat = {k: v for k, v in flat.items() if k not in missing}
     try:
-        dcp.load(flat, storage_reader=reader, no_dist=not engine.ranks.distributed)
+        dcp.load(
+            flat, storage_reader=reader, no_dist=not engine.ranks.distributed, process_group=distributed.trainer_group()
+        )
     except CheckpointException as err:  # e.g. shards of another model
         cause = _rank_failure(err)
         raise OmniRLError(f"cannot resume from {path}: {path / 'sharded'}: {type(cause).__name__}: {cause}") from err

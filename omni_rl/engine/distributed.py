@@ -4,6 +4,13 @@ through torchrun's rendezvous flags).
 ``init()`` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and joins the
 process group: NCCL on CUDA, gloo on CPU. Every helper here is a no-op in one process,
 so recipes call them unconditionally.
+
+With a rollout process (GRPO's ``rollout.staleness: 1``) the last of torchrun's
+processes generates while the others train: the trainers form a group of their own,
+which every helper here, FSDP2's mesh, DDP and checkpoints use, so they see N - 1
+trainers as they would see N - 1 processes; ``ranks()`` on the rollout process is a
+process of its own (its helpers are no-ops), and it meets the trainers only through
+``omni_rl.rollout.remote``'s point-to-point messages.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from omni_rl.errors import OmniRLError
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -25,18 +34,23 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    rollout_process: bool = False
+    """This process generates for the trainers (``init(rollout_processes=1)``)."""
 
     @property
     def is_main(self) -> bool:
-        """Rank 0 writes logs, TensorBoard and the shared files of checkpoints."""
-        return self.rank == 0
+        """Trainer rank 0 writes logs, TensorBoard and the shared files of checkpoints."""
+        return self.rank == 0 and not self.rollout_process
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
 
 
-def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
+_TRAINERS: dist.ProcessGroup | None = None  # the trainers' group beside a rollout process; None: every process
+
+
+def init(device_type: str, timeout_minutes: float = 30.0, rollout_processes: int = 0) -> Ranks:
     """Join the process group torchrun describes (idempotent); one process without it.
 
     Args:
@@ -44,8 +58,16 @@ def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
         timeout_minutes: how long a collective waits for every rank before failing
             (``trainer.dist_timeout_minutes``); the work one rank does alone while the
             others wait (an export, a checkpoint's fsync) must fit in it.
+        rollout_processes: 0, or 1: the last process generates for the others, which
+            train in a group of their own (it needs at least 2 processes).
     """
+    global _TRAINERS
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if rollout_processes and world < 2:
+        raise OmniRLError(
+            "a rollout process beside the trainers needs torchrun with one process more than the trainers: "
+            "torchrun --nproc-per-node 2 ... trains on one process and generates on the other"
+        )
     if world == 1:
         return Ranks()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,14 +76,42 @@ def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
             torch.cuda.set_device(local)
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
-    return Ranks(dist.get_rank(), dist.get_world_size(), local)
+        if rollout_processes:  # every process takes part in making the group
+            _TRAINERS = dist.new_group(list(range(world - 1)))
+    return ranks()
 
 
 def ranks() -> Ranks:
-    """The current process's ranks (one process when no group was joined)."""
+    """The current process's ranks among the trainers (one process when no group was
+    joined; the rollout process is a process of its own)."""
     if not (dist.is_available() and dist.is_initialized()):
         return Ranks()
-    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if _TRAINERS is None:
+        return Ranks(dist.get_rank(), dist.get_world_size(), local)
+    if dist.get_rank() == rollout_rank():
+        return Ranks(0, 1, local, rollout_process=True)
+    return Ranks(dist.get_rank(_TRAINERS), dist.get_world_size(_TRAINERS), local)
+
+
+def rollout_rank() -> int | None:
+    """The global rank of the rollout process (the last one), or None without one."""
+    return dist.get_world_size() - 1 if _TRAINERS is not None else None
+
+
+def trainer_group() -> dist.ProcessGroup | None:
+    """The trainers' process group for FSDP2, DDP and checkpoints (None: the default
+    group, every process)."""
+    return _TRAINERS
+
+
+def trainer_mesh(device_type: str):
+    """FSDP2's mesh over the trainers (None: its default, every process)."""
+    if _TRAINERS is None:
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(_TRAINERS, device_type)
 
 
 def _device() -> torch.device:
@@ -76,7 +126,7 @@ def all_sum(values: list[float]) -> list[float]:
     if not ranks().distributed:
         return list(values)
     tensor = torch.tensor(values, dtype=torch.float64, device=_device())
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=_TRAINERS)
     return tensor.tolist()
 
 
@@ -85,7 +135,7 @@ def all_max(value: int) -> int:
     if not ranks().distributed:
         return value
     tensor = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_TRAINERS)
     return int(tensor.item())
 
 
@@ -94,7 +144,7 @@ def all_ranks(flag: torch.Tensor) -> bool:
     all-reduce on the device, then one read on the host."""
     if ranks().distributed:
         flag = flag.to(torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_TRAINERS)
     return bool(flag)
 
 
@@ -129,8 +179,8 @@ def all_gather_ints(value: int) -> list[int]:
     if not ranks().distributed:
         return [value]
     tensor = torch.tensor([value], dtype=torch.int64, device=_device())
-    out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, tensor)
+    out = [torch.zeros_like(tensor) for _ in range(ranks().world_size)]
+    dist.all_gather(out, tensor, group=_TRAINERS)
     return [int(t.item()) for t in out]
 
 
@@ -139,8 +189,8 @@ def gather_objects(items: list) -> list:
     such as reward results; nothing is read from files)."""
     if not ranks().distributed:
         return list(items)
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, items)
+    out: list = [None] * ranks().world_size
+    dist.all_gather_object(out, items, group=_TRAINERS)
     return [item for part in out for item in part]
 
 
@@ -155,8 +205,8 @@ def mean_metrics(row: dict) -> dict:
     present); non-numeric values are rank 0's."""
     if not ranks().distributed:
         return dict(row)
-    rows: list = [None] * dist.get_world_size()
-    dist.all_gather_object(rows, row)
+    rows: list = [None] * ranks().world_size
+    dist.all_gather_object(rows, row, group=_TRAINERS)
     out = dict(row)
     for key in {k for r in rows for k in r}:
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
@@ -167,7 +217,7 @@ def mean_metrics(row: dict) -> dict:
 
 def barrier() -> None:
     if ranks().distributed:
-        dist.barrier()
+        dist.barrier(group=_TRAINERS)
 
 
 def broadcast_int(value: int) -> int:
@@ -175,11 +225,13 @@ def broadcast_int(value: int) -> int:
     if not ranks().distributed:
         return value
     tensor = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.broadcast(tensor, src=0)
+    dist.broadcast(tensor, src=0, group=_TRAINERS)  # trainer 0 is global rank 0
     return int(tensor.item())
 
 
 def shutdown() -> None:
     """Leave the process group (end of a torchrun run)."""
+    global _TRAINERS
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _TRAINERS = None

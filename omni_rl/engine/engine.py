@@ -280,7 +280,9 @@ class TrainingEngine:
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             # a batch without one modality leaves that encoder unused: DDP must look for it
-            return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+            return DistributedDataParallel(
+                model, device_ids=ids, find_unused_parameters=True, process_group=distributed.trainer_group()
+            )
         return model
 
     def _fully_shard(self, model: nn.Module, trainable: bool = True) -> None:
@@ -302,9 +304,10 @@ class TrainingEngine:
         # audio and vision encoders, Qwen2-Audio's encoder layer beside its attention),
         # and FSDP2 shards an outer unit only around inner ones already sharded
         units = [*reversed(shard_units(model)), model]
+        mesh = distributed.trainer_mesh(self.device.type)  # None: every process
         for unit in units:
             reshard = not (trainable and unit is model)
-            fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
             gathering.track(unit, reshard, policy.param_dtype)  # held through a rollout, its gathers counted
         if trainable:
             for unit in units[:-1]:

@@ -100,3 +100,29 @@ def held_gathered(model: nn.Module) -> Iterator[None]:
         for unit in units:
             unit.set_reshard_after_forward(_UNITS[unit], recurse=False)
             unit.reshard()
+
+
+def full_entries(model: nn.Module):
+    """(name, full tensor) of every state entry: unit by unit under FSDP2 (each gathered
+    while its entries are read; a consumer copies each before the next), then what no
+    unit shards (buffers); the state dict's own order without FSDP2."""
+    units = [m for m in model.modules() if tracked(m)]
+    state = model.state_dict()
+    if not units:
+        yield from state.items()
+        return
+    prefixes = {id(m): name for name, m in model.named_modules()}
+    done = set()
+    for unit in units:
+        unit.unshard()
+        try:
+            for owner, name in own_parameters(unit):
+                full = f"{prefixes[id(owner)]}.{name}".lstrip(".")
+                if full in state and full not in done:
+                    done.add(full)
+                    yield full, getattr(owner, name)  # the gathered tensor while the unit is unsharded
+        finally:
+            unit.reshard()
+    for name, value in state.items():
+        if name not in done:
+            yield name, value.full_tensor() if hasattr(value, "full_tensor") else value

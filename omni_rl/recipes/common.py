@@ -35,14 +35,16 @@ class Run:
     resume_from: Path | None
 
 
-def start_run(cfg, resume: str | None) -> Run:
+def start_run(cfg, resume: str | None, rollout_processes: int = 0) -> Run:
     """Join the torchrun process group (if any), pick this rank's device, create the
     output directory and write the resolved config (rank 0), pin threads, seed (each
     rank its own stream), and find the checkpoint to resume from ('auto': the newest
     complete one, passing over damaged ones with a line each; or a path). A damaged
-    checkpoint, or one written by another process count, is refused here."""
+    checkpoint, or one written by another process count, is refused here.
+    ``rollout_processes``: 1 makes the last process a rollout process
+    (``distributed.init``), whose ``Run`` has ``ranks.rollout_process`` set."""
     device = resolve_device(cfg.run.device)
-    ranks = distributed.init(device.type, cfg.trainer.dist_timeout_minutes)
+    ranks = distributed.init(device.type, cfg.trainer.dist_timeout_minutes, rollout_processes)
     if device.type == "cuda":
         device = torch.device("cuda", ranks.local_rank)
     out = Path(cfg.run.output_dir)
@@ -82,7 +84,7 @@ def start_run(cfg, resume: str | None) -> Run:
             raise OmniRLError(f"{resume_from}: not a checkpoint (no state.json)")
         checkpoint.check_complete(resume_from)
         say(ranks, f"resuming from {resume_from}")
-    if resume_from is not None:
+    if resume_from is not None and not ranks.rollout_process:
         checkpoint.check_world_size(resume_from, ranks.world_size)
     say(ranks, f"writing to {out} (config.yaml, metrics.jsonl, checkpoints/)")
     return Run(out, ranks, device, resume_from)
@@ -179,6 +181,10 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     # (LoRA wraps the model before the engine shards it: its adapters need values first)
     empty = resolve_strategy(cfg.trainer.strategy, run.ranks.world_size) == "fsdp" and run.ranks.distributed
     empty = empty and cfg.model.lora is None
+    if empty and distributed.rollout_rank() is not None:
+        # filling shards broadcasts over every process, the rollout process included
+        _log.info("beside a rollout process every trainer reads the whole checkpoint (not built empty)")
+        empty = False
     if run.ranks.is_main:
         how = "built empty, filled from rank 0's read once sharded" if empty else "read whole by every process"
         _log.info("loading %s on %d process(es): %s", base, run.ranks.world_size, how)

@@ -4,12 +4,18 @@ Each step: sample prompts, roll out G completions per prompt (each prompt prefil
 once), score them through the reward router, compute group advantages, update the
 policy (the prompt and its media computed once per group in the gradient forward too),
 log and checkpoint. The math lives in ``omni_rl.algorithms``; this file orders it.
+
+With ``rollout.staleness: 1`` the last of torchrun's processes runs ``_serve_rollouts``:
+it samples, rolls out and scores step k+1's prompts with step k's weights while the
+trainers update on step k's, deals each trainer its groups, and takes the new weights
+after every step (``omni_rl.rollout.remote``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -27,13 +33,14 @@ from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_polic
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
-from omni_rl.engine.engine import TrainingEngine
+from omni_rl.engine.engine import TrainingEngine, resolve_precision
 from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Balance,
     Timer,
+    balance_by_swaps,
     draw_rows,
     finish_run,
     last_row,
@@ -41,6 +48,7 @@ from omni_rl.recipes.common import (
     model_dir,
     pack_by_tokens,
     per_rank,
+    rank_loads,
     resume_steps,
     save_if_due,
     setup_data,
@@ -50,11 +58,12 @@ from omni_rl.recipes.common import (
 from omni_rl.recipes.grpo_config import GRPOConfig
 from omni_rl.rewards import Target, load_plugins, score_batch
 from omni_rl.rewards import aggregate as reward_metrics
-from omni_rl.rollout import build_rollout_engine, prompt_seed
-from omni_rl.rollout.hf import SamplingParams, concat_rollouts, replace_completions, select_groups
+from omni_rl.rollout import build_rollout_engine, prompt_seed, remote
+from omni_rl.rollout.hf import Rollouts, SamplingParams, concat_rollouts, replace_completions, select_groups
 
 _log = logging.getLogger(__name__)
 NO_FILTER = SamplingFilter()  # an engine that samples with temperature alone
+PUSH_BUCKET_BYTES = 256 * 2**20  # weights pushed to a rollout process per message
 
 # ---------------------------------------------------------------------- step helpers
 
@@ -69,6 +78,27 @@ class Batch:
     encoded: list[dict]
     seeds: list[int]
     filler: bool = False
+
+
+@dataclass
+class Collected:
+    """A step's rollouts on one trainer (``_collect``'s results) and what collecting
+    them counted: ``skipped`` and ``mixed`` (this rank's share), the dealing's
+    ``balance`` metrics. From a rollout process also: ``version``, the optimizer steps
+    behind the weights that generated them; ``sampler``, the sampler's state once they
+    were drawn; ``report``, the process's own figures (``_serve_rollouts``)."""
+
+    batch: Batch
+    rollouts: Rollouts
+    results: list
+    rewards: torch.Tensor
+    filtered: list[str]
+    skipped: dict
+    mixed: dict
+    balance: dict
+    version: int = 0
+    sampler: dict | None = None
+    report: dict = field(default_factory=dict)
 
 
 def _draw(
@@ -327,7 +357,9 @@ def _updates_per_step(cfg: GRPOConfig) -> int:
 def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     """Run GRPO; returns the last step's metrics. ``resume``: None, 'auto' or a
     checkpoint directory."""
-    run = start_run(cfg, resume)
+    run = start_run(cfg, resume, rollout_processes=cfg.rollout.staleness)
+    if run.ranks.rollout_process:
+        return _serve_rollouts(cfg, run)
     load_plugins(cfg.rewards.custom)
     dataset, sampler = setup_data(cfg)  # every row checked before the model is built
     heldout = HeldOut.for_run(cfg, run.out, cfg.rewards.settings(), cfg.rollout.temperature)
@@ -342,18 +374,34 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     log, bar = resume_steps(cfg, run, engine, sampler, "grpo")
     _log.info("rollout correction: %s (cap %g)", _correction(cfg), algo.rollout_correction_cap)
+    # a rollout process generates each next batch while this one trains (rollout.staleness: 1)
+    worker, pending = distributed.rollout_rank(), None
+    push = _sampling_dtype(engine.precision)
+    if worker is not None and run.ranks.is_main:  # also when there is nothing to train: it ends then
+        remote.send_object({"step": bar.n, "sampler": sampler.state_dict()}, worker)
+    if worker is not None and bar.n < cfg.trainer.steps:
+        _log.info(
+            "rollout.staleness: 1: process %d generates each step's prompts with the weights of the step before "
+            "(%d trainer(s) update meanwhile); weights pushed in %s",
+            worker,
+            run.ranks.world_size,
+            push,
+        )
+        remote.push_weights(engine.module, worker, push, PUSH_BUCKET_BYTES)  # a resumed or LoRA policy
+        pending = remote.receive_object(worker)
     rollout.load_weights(engine.module)  # a resumed or LoRA policy differs from the checkpoint it started from
     row: dict = {}
     for step in bar:
         timer = Timer()
-        skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}  # bad rows: the dataset counts
         # ROLLOUT + REWARD: G completions per prompt (each prompt prefilled once), scored by
         # problem_type; dynamic sampling drops groups that cannot teach and samples more
-        mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
-        balance = Balance(cfg.data.balance_tolerance)
-        batch, rollouts, results, rewards, filtered = _collect(
-            dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, balance, timer
-        )
+        if pending is not None:
+            collected = pending
+            sampler.load_state_dict(collected.sampler)  # past this batch's draws: what a checkpoint keeps
+        else:
+            balance = Balance(cfg.data.balance_tolerance)
+            collected = _collect_step(dataset, sampler, rollout, processor, sampling, cfg, timer, balance)
+        batch, rollouts, results, rewards = collected.batch, collected.rollouts, collected.results, collected.rewards
         rollout.sleep()  # the engine's memory goes to the update (vLLM's sleep mode)
         types = [s.problem_type for s in batch.samples for _ in range(n)] if not batch.filler else []
         sources = [s.data_source for s in batch.samples for _ in range(n)] if not batch.filler else []
@@ -372,8 +420,14 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         with timer("update"):
             logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
             update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
-        with timer("weight_sync"):  # wakes a sleeping engine with the new weights
-            rollout.load_weights(engine.module)
+        if worker is None:
+            with timer("weight_sync"):  # wakes a sleeping engine with the new weights
+                rollout.load_weights(engine.module)
+        elif step + 1 < cfg.trainer.steps:
+            with timer("weight_sync"):  # to the rollout process, which sends the next batch once it has them
+                remote.push_weights(engine.module, worker, push, PUSH_BUCKET_BYTES)
+            with timer("rollout_wait"):
+                pending = remote.receive_object(worker)
         # LOG: every rank's rewards and diagnostics; a UCB sampler learns each source's
         # absolute advantages (every rank's, in rank order: the same state on every rank),
         # a group dynamic sampling dropped counting |A| = 0 for each of its completions
@@ -381,26 +435,31 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, strict=True)))
         columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], []]
         every_result, every_type, every_source, every_magnitude = columns
-        every_filtered = distributed.gather_objects(filtered)
+        every_filtered = distributed.gather_objects(collected.filtered)
         sampler.observe(every_source + every_filtered, every_magnitude + [0.0] * len(every_filtered))
         scores = reward_metrics(every_result, every_type, every_source) if everything else {}
+        skipped = {f"skipped/{k}": v for k, v in collected.skipped.items()}
+        report = collected.report
         row = {
             "step": step + 1,
             **scores,
-            **distributed.mean_metrics({**timer.metrics(), **{f"skipped/{k}": v for k, v in skipped.items()}}),
+            **distributed.mean_metrics({**timer.metrics(), **skipped}),
             **update,
             **_rollout_metrics(rollouts),
-            **distributed.mean_metrics(rollout.metrics()),
+            **distributed.mean_metrics(report.get("engine") if worker is not None else rollout.metrics()),
+            "rollout/staleness": step - collected.version if worker is not None else 0,
+            **{k: v for k, v in report.items() if k not in ("engine", "cache")},
             **engine.metrics(),
             "reward/scorer_errors": sum("error" in r.details for r in every_result),
-            **distributed.sum_counts(dataset.cache_metrics()),
+            **(report["cache"] if worker is not None else distributed.sum_counts(dataset.cache_metrics())),
             **dataset.load_report(),
             **sampler.metrics(),
-            **_offline_metrics(mixed, algo.offline_responses),
-            **balance.metrics(),
+            **_offline_metrics(collected.mixed, algo.offline_responses),
+            **collected.balance,
             "balance/max_over_mean": max_over_mean(distributed.all_gather_ints(_tokens(batch, rollouts))),
         }
-        row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(row["time/rollout"], 1e-9)
+        seconds = row["rollout_process/rollout_s"] if worker is not None else row["time/rollout"]
+        row["throughput/rollout_tokens_per_s"] = row.get("rollout/tokens", 0) / max(seconds, 1e-9)
         evaluated = heldout.add_to(row, engine, processor)
         log.log(row, force=evaluated or step + 1 == cfg.trainer.steps)
         bar.set_postfix(reward=f"{row.get('reward/mean', 0):.3f}", s_step=f"{row['time/step']:.1f}")
@@ -409,6 +468,122 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     log.close()
     finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
     return row or last_row(run.out)
+
+
+def _collect_step(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, timer, balance) -> Collected:
+    """``_collect`` with fresh counters; ``balance``: a ``Balance`` that deals rows to
+    ranks by tokens, or None (one process generating for every rank)."""
+    skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}  # bad rows: the dataset counts
+    mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
+    out = _collect(dataset, sampler, rollout, processor, sampling, cfg, skipped, mixed, balance, timer)
+    return Collected(*out, skipped, mixed, balance.metrics() if balance is not None else {})
+
+
+def _sampling_dtype(precision: str) -> torch.dtype:
+    """The dtype a rollout process samples in: the trainer forward's (bf16 under either
+    bf16 precision)."""
+    return torch.float32 if precision == "fp32" else torch.bfloat16
+
+
+# -------------------------------------------------------------------- rollout process
+
+
+def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
+    """The rollout process of a one-step-off run (``rollout.staleness: 1``). It takes the
+    start step, the sampler's state and the weights from the trainers, then for each
+    step k: draws, rolls out and scores the whole batch (``_collect`` in one process,
+    dynamic sampling included) with the weights of step k - 1 (of step k after a
+    checkpoint or at the start, so that a resumed run repeats the uninterrupted one),
+    takes step k's weights, and deals each trainer its groups by prompt tokens."""
+    worker = distributed.rollout_rank()
+    start = remote.receive_object(0)  # sent once trainer 0 built the model
+    if start["step"] >= cfg.trainer.steps:
+        return {}
+    load_plugins(cfg.rewards.custom)
+    dataset, sampler = setup_data(cfg)
+    sampler.load_state_dict(start["sampler"])
+    model, processor, _ = setup_model(cfg, run)
+    dtype = _sampling_dtype(resolve_precision(cfg.trainer.precision, run.device))
+    model.to(dtype)
+    rollout = build_rollout_engine(cfg, model, processor, model_dir(cfg, run.out), run.out)
+    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    remote.receive_weights(model, 0, dtype)
+    version, every = start["step"], cfg.trainer.save_every
+    _log.info("rollout process %d: generating steps %d-%d", worker, start["step"] + 1, cfg.trainer.steps)
+    for step in range(start["step"], cfg.trainer.steps):
+        timer = Timer()
+        fresh = step == start["step"] or (every and step % every == 0)
+        with timer("weights_wait"):
+            while version < (step if fresh else step - 1):
+                remote.receive_weights(model, 0, dtype)
+                version += 1
+        generated_with = version
+        collected = _collect_step(dataset, sampler, rollout, processor, sampling, cfg, timer, None)
+        with timer("weights_wait"):  # step k's weights, pushed before the trainers take this batch
+            while version < step:
+                remote.receive_weights(model, 0, dtype)
+                version += 1
+        collected.version, collected.sampler = generated_with, sampler.state_dict()
+        collected.report = {
+            **{f"rollout_process/{k}_s": v for k, v in timer.seconds.items()},
+            "engine": rollout.metrics(),
+            "cache": dataset.cache_metrics(),
+        }
+        collected.report.setdefault("rollout_process/weights_wait_s", 0.0)
+        for rank, part in enumerate(_deal_to_trainers(collected, worker, cfg)):
+            remote.send_object(part, rank)
+    return {}
+
+
+def _deal_to_trainers(collected: Collected, trainers: int, cfg: GRPOConfig) -> list[Collected]:
+    """The whole batch's groups dealt to ``trainers`` ranks: in draw order, as evenly as
+    counts go, then swapped by prompt tokens within ``data.balance_tolerance``; a
+    trainer left without a group trains on a copy of the first with zero weight. Rank 0
+    carries the counts that are summed over ranks; each rank ``skipped``'s share."""
+    batch, n, count = collected.batch, cfg.rollout.n, len(collected.batch.samples)
+    tokens = [inputs["input_ids"].shape[-1] for inputs in batch.encoded]
+    drawn = [i * trainers // count for i in range(count)]
+    tolerance = cfg.data.balance_tolerance
+    owners = drawn if tolerance is None else balance_by_swaps(tokens, drawn, trainers, tolerance)
+    balance = Balance(tolerance, sum(a != b for a, b in zip(drawn, owners, strict=True)))
+    if count:
+        balance.drawn.append(max_over_mean(rank_loads(tokens, drawn, trainers)))
+        balance.dealt.append(max_over_mean(rank_loads(tokens, owners, trainers)))
+    rollouts = collected.rollouts
+    rollouts = dataclasses.replace(  # pickled for another process: on the CPU
+        rollouts, **{f.name: getattr(rollouts, f.name).cpu() for f in _tensor_fields(rollouts)}
+    )
+    skipped = {k: v if k == "sampling_rounds" else v / trainers for k, v in collected.skipped.items()}
+    none = {k: 0 for k in collected.mixed}
+    parts = []
+    for rank in range(trainers):
+        keep = [i for i in range(count) if owners[i] == rank]
+        filler = not keep and count > 0
+        if filler:
+            keep = [0]
+        rows = _rows(keep, n)
+        part = Batch([batch.samples[i] for i in keep], [batch.encoded[i] for i in keep], [batch.seeds[i] for i in keep])
+        part.filler = filler
+        parts.append(
+            Collected(
+                part,
+                select_groups(rollouts, keep),
+                [] if filler else [collected.results[r] for r in rows],
+                collected.rewards[rows],
+                collected.filtered if rank == 0 else [],
+                skipped,
+                collected.mixed if rank == 0 else none,
+                balance.metrics(),
+                collected.version,
+                collected.sampler,
+                collected.report,
+            )
+        )
+    return parts
+
+
+def _tensor_fields(rollouts: Rollouts) -> list:
+    return [f for f in dataclasses.fields(rollouts) if isinstance(getattr(rollouts, f.name), torch.Tensor)]
 
 
 def _rows(chunk: list[int], n: int) -> list[int]:
@@ -447,10 +622,11 @@ def _entropy_mode(cfg: GRPOConfig, logged: bool) -> Entropy:
 
 
 def _correction(cfg: GRPOConfig) -> str:
-    """The rollout correction in force (``auto``: tis with vLLM, none with hf)."""
+    """The rollout correction in force (``auto``: tis with vLLM or a one-step-off
+    rollout, none with hf sampling with the trainer's own weights)."""
     mode = cfg.algorithm.rollout_correction
     if mode == "auto":
-        return "tis" if cfg.rollout.engine == "vllm" else "none"
+        return "tis" if cfg.rollout.engine == "vllm" or cfg.rollout.staleness else "none"
     return mode
 
 

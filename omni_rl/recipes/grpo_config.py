@@ -63,8 +63,9 @@ class AlgorithmConfig:
     """Correction for the rollout engine sampling from a slightly different policy than
     the trainer scores: tis weighs each token's loss by min(pi/mu, cap) (truncated
     importance sampling); mask drops completions whose sequence ratio prod pi/mu leaves
-    [1/cap, cap]; auto is tis with the vllm engine and none with hf (which samples with
-    the trainer's own weights). The mismatch itself is logged every step either way."""
+    [1/cap, cap]; auto is tis with the vllm engine or a one-step-off rollout
+    (``rollout.staleness: 1``) and none with hf (which then samples with the trainer's
+    own weights). The mismatch itself is logged every step either way."""
     rollout_correction_cap: float = 2.0
     """The cap C of the correction (> 1)."""
     offline_responses: Literal["never", "always", "below"] = "never"
@@ -158,4 +159,10 @@ class GRPOConfig:
             not (self.media.use_audio_in_video and self.rollout.engine == "vllm"),
             "media.use_audio_in_video",
             "videos heard with their sound are not sent to vLLM yet; use rollout.engine: hf",
+        )
+        require(
+            not (self.rollout.staleness and self.data.sampler.type == "ucb"),
+            "rollout.staleness",
+            "the UCB sampler learns from each step's advantages before it draws the next step's prompts, which "
+            "a one-step-off rollout has drawn already; use data.sampler.type: uniform, or staleness: 0",
         )

@@ -66,6 +66,14 @@ class RolloutConfig:
     """Longest completion."""
     max_prompt_length: int = 16384
     """Prompts longer than this (media tokens included) are skipped and counted."""
+    staleness: Literal[0, 1] = 0
+    """0: each step's prompts are generated with the weights being trained, then the
+    update runs. 1 (one-step-off): the last of torchrun's processes generates step k+1's
+    prompts with step k's weights while the others train on step k's (launch one
+    process more than the trainers); weights are pushed to it after every step, and the
+    correction of ``algorithm.rollout_correction`` (auto: tis) weighs the stale tokens.
+    The batch after each checkpoint is generated with the checkpoint's weights, so a
+    resumed run is the uninterrupted one."""
     gather_once: bool = True
     """hf engine under FSDP2: each sharded layer's weights are gathered once per rollout
     and held to its last token (a 7B model's bf16 weights, about 15 GB a rank, for the
@@ -78,6 +86,11 @@ class RolloutConfig:
         require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         if self.engine == "vllm":
+            require(
+                self.staleness == 0,
+                "staleness",
+                "the one-step-off rollout runs the hf engine in its own process; with vllm use staleness: 0",
+            )
             require(self.gather_once, "gather_once", "belongs to the hf engine: vLLM holds its own copy of the weights")
             longest = self.max_prompt_length + self.max_new_tokens
             require(

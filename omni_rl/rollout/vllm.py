@@ -215,7 +215,7 @@ def full_weights(model: torch.nn.Module, bucket_bytes: int):
     unit and a bucket, never a second model, are held at once; ``weight_gathers`` counts
     the collectives."""
     bucket, size = [], 0
-    for name, value in _full_entries(model):
+    for name, value in gathering.full_entries(model):
         tensor = value.detach().to(torch.bfloat16, copy=True) if value.is_floating_point() else value.detach()
         bucket.append((name, tensor))
         size += tensor.numel() * tensor.element_size()
@@ -229,32 +229,6 @@ def full_weights(model: torch.nn.Module, bucket_bytes: int):
 def weight_gathers(model: torch.nn.Module) -> int:
     """The all-gathers one ``full_weights`` pass runs: one per FSDP2 unit (0 unsharded)."""
     return sum(gathering.tracked(m) for m in model.modules())
-
-
-def _full_entries(model: torch.nn.Module):
-    """(name, full tensor) of every state entry: unit by unit under FSDP2 (each gathered
-    while its entries are read; a consumer copies each before the next), then what no
-    unit shards (buffers); the state dict's own order without FSDP2."""
-    units = [m for m in model.modules() if gathering.tracked(m)]
-    state = model.state_dict()
-    if not units:
-        yield from state.items()
-        return
-    prefixes = {id(m): name for name, m in model.named_modules()}
-    done = set()
-    for unit in units:
-        unit.unshard()
-        try:
-            for owner, name in gathering.own_parameters(unit):
-                full = f"{prefixes[id(owner)]}.{name}".lstrip(".")
-                if full in state and full not in done:
-                    done.add(full)
-                    yield full, getattr(owner, name)  # the gathered tensor while the unit is unsharded
-        finally:
-            unit.reshard()
-    for name, value in state.items():
-        if name not in done:
-            yield name, value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 class _LoadWeights:

@@ -1,0 +1,194 @@
+"""The one-step-off rollout (``rollout.staleness: 1``): under torchrun the last process
+generates step k+1's prompts with step k's weights while the others train.
+
+On CPU processes over gloo, as users launch it: with a checkpoint after every step
+every batch is generated with the weights it trains (the batch after a checkpoint is
+fresh), so the run is the synchronous one-process run bit for bit; without, every
+batch after the first is one step stale, which the mismatch metrics show, and the run
+is the same whether one trainer or two take the batches. A run killed and resumed
+repeats the uninterrupted one's metrics and weights exactly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from test_distributed import assert_same_weights, grpo_config, kill_run, launch, metrics, vowel_rows, weights
+
+from omni_rl.data.dataset import Sample
+from omni_rl.engine import distributed
+from omni_rl.errors import ConfigError, OmniRLError
+from omni_rl.preprocess.scenes import write_video_qa
+from omni_rl.recipe_loader import load_config
+from omni_rl.recipes.grpo import Batch, Collected, _deal_to_trainers
+from omni_rl.rollout.hf import Rollouts
+
+OFF = {"rollout": {"n": 4, "max_new_tokens": 8, "staleness": 1}}
+
+
+@pytest.fixture(scope="module")
+def vowels(tmp_path_factory):
+    return vowel_rows(write_video_qa(tmp_path_factory.mktemp("shapes"), videos=4, seed=0, seconds=2.0))
+
+
+@pytest.fixture(scope="module")
+def grpo_single(tmp_path_factory, vowels):
+    """The synchronous run in one process."""
+    root = tmp_path_factory.mktemp("grpo1")
+    launch(grpo_config(root, vowels, "single"), 1)
+    return root / "run"
+
+
+def _rows(run) -> list[dict]:
+    """Metrics rows without the rollout process's timings."""
+    return [{k: v for k, v in r.items() if not k.startswith("rollout_process/")} for r in metrics(run)]
+
+
+def test_a_checkpoint_every_step_makes_every_batch_fresh_and_the_run_the_synchronous_one(tmp_path, vowels, grpo_single):
+    config = grpo_config(tmp_path, vowels, "single", algorithm={"rollout_correction": "none"}, **OFF)
+    launch(config, 2)  # one trainer, one rollout process
+    run = tmp_path / "run"
+    rows = _rows(run)
+    assert [r["rollout/staleness"] for r in rows] == [0, 0, 0]
+    assert all(r["rollout_process/weights_wait_s"] >= 0 for r in metrics(run))
+    assert rows == metrics(grpo_single)
+    for step in (2, 3):
+        assert_same_weights(weights(grpo_single, step), weights(run, step), atol=0)
+
+
+@pytest.fixture(scope="module")
+def stale_one_trainer(tmp_path_factory, vowels):
+    root = tmp_path_factory.mktemp("stale1")
+    launch(grpo_config(root, vowels, "fsdp", trainer={"save_every": 0}, **OFF), 2)
+    return root / "run"
+
+
+def test_without_checkpoints_every_batch_after_the_first_is_one_step_stale(stale_one_trainer):
+    rows = _rows(stale_one_trainer)
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1]
+    # step 1 samples with the weights it trains; later steps with the step before's (lr 1e-3 moves them)
+    assert rows[0]["rollout/logp_abs_diff"] < 1e-5
+    assert min(r["rollout/logp_abs_diff"] for r in rows[1:]) > 1e-3
+    assert all("rollout/tis_capped_fraction" in r for r in rows)  # auto: tis weighs the stale tokens
+
+
+def test_two_trainers_take_the_batches_one_trainer_takes(tmp_path, vowels, stale_one_trainer):
+    launch(grpo_config(tmp_path, vowels, "fsdp", trainer={"save_every": 0}, **OFF), 3)
+    run = tmp_path / "run"
+    for one, two in zip(_rows(stale_one_trainer), _rows(run), strict=True):
+        assert one["rollout/staleness"] == two["rollout/staleness"]
+        assert one["reward/mean"] == pytest.approx(two["reward/mean"], abs=1e-6)
+        assert one["loss/policy"] == pytest.approx(two["loss/policy"], abs=1e-5)
+    assert_same_weights(weights(stale_one_trainer, 3), weights(run, 3))
+
+
+def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_one(tmp_path, vowels):
+    sections = {**OFF, "trainer": {"steps": 6, "save_every": 2}, "algorithm": {"epochs": 1}}
+    straight = grpo_config(tmp_path / "a", vowels, "fsdp", **sections)
+    launch(straight, 2)
+    resumed = grpo_config(tmp_path / "b", vowels, "fsdp", **sections)
+    log = tmp_path / "b" / "run" / "metrics.jsonl"
+    process = launch(resumed, 2, wait=False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 3:  # step 2's checkpoint is written
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    kill_run(process, resumed)
+    assert 3 <= len(log.read_text().splitlines()) < 6
+    assert not (log.parent / "checkpoints" / "step-00000006").exists()  # nothing ran on after the kill
+    launch(resumed, 2, "--resume", "auto")
+    a, b = _rows(tmp_path / "a" / "run"), _rows(tmp_path / "b" / "run")
+    assert [r["rollout/staleness"] for r in a] == [0, 1, 0, 1, 0, 1]
+    assert b == a
+    assert_same_weights(weights(tmp_path / "a" / "run", 6), weights(tmp_path / "b" / "run", 6), atol=0)
+
+
+# ------------------------------------------------------------------ without processes
+
+
+def _collected(prompt_tokens: list[int], n: int = 2) -> Collected:
+    count = len(prompt_tokens)
+    samples = [Sample(str(i), "multiple_choice", "A", []) for i in range(count)]
+    encoded = [{"input_ids": torch.zeros(1, t, dtype=torch.long)} for t in prompt_tokens]
+    rollouts = Rollouts(
+        torch.arange(count * n)[:, None],
+        torch.ones(count * n, 1),
+        torch.zeros(count * n, 1),
+        torch.ones(count * n, dtype=torch.long),
+        ["stop"] * count * n,
+        [str(r) for r in range(count * n)],
+        n,
+    )
+    return Collected(
+        Batch(samples, encoded, list(range(count))),
+        rollouts,
+        [f"result{r}" for r in range(count * n)],
+        torch.arange(count * n, dtype=torch.float),
+        ["ab"],
+        {"prompt_too_long": 4, "groups_filtered": 2, "sampling_rounds": 3},
+        {"groups": count, "offline": 0, "offline_reward": 0.0, "offline_cut": 0},
+        {},
+        version=5,
+        sampler={"drawn": count},
+    )
+
+
+def _config(tmp_path, **data):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("")
+    return load_config(
+        grpo_config(tmp_path, rows, "fsdp", data={"prompts_per_step": 4, **data}, rollout={"n": 2}),
+        [],
+    )
+
+
+def test_groups_are_dealt_to_trainers_by_prompt_tokens_with_their_rows(tmp_path):
+    cfg = _config(tmp_path)
+    parts = _deal_to_trainers(_collected([100, 90, 10, 20]), 2, cfg)
+    # drawn: [100, 90] and [10, 20] (190 against 30); 100 and 20 swap: 110 each
+    assert [[s.id for s in p.batch.samples] for p in parts] == [["1", "3"], ["0", "2"]]
+    assert parts[0].results == ["result2", "result3", "result6", "result7"]
+    assert parts[1].rewards.tolist() == [0.0, 1.0, 4.0, 5.0]
+    assert parts[1].rollouts.texts == ["0", "1", "4", "5"]
+    assert parts[0].balance["balance/moved_rows"] == 2
+    assert parts[0].balance["balance/prompt_max_over_mean_drawn"] == pytest.approx(190 / 110)
+    assert parts[0].balance["balance/prompt_max_over_mean"] == 1.0
+    # counts summed over ranks: rank 0 carries them; counts averaged over ranks: each its share
+    assert parts[0].filtered == ["ab"] and parts[1].filtered == []
+    assert parts[0].mixed["groups"] == 4 and parts[1].mixed["groups"] == 0
+    assert parts[1].skipped == {"prompt_too_long": 2, "groups_filtered": 1, "sampling_rounds": 3}
+    assert all(p.version == 5 and p.sampler == {"drawn": 4} and not p.batch.filler for p in parts)
+
+
+def test_a_trainer_without_a_group_trains_a_zero_weight_copy(tmp_path):
+    cfg = _config(tmp_path, balance_tolerance=None)
+    parts = _deal_to_trainers(_collected([30]), 2, cfg)
+    assert [p.batch.filler for p in parts] == [False, True]
+    assert [s.id for s in parts[1].batch.samples] == ["0"] and parts[1].results == []
+    assert parts[1].rewards.shape == (2,)
+
+
+def test_a_rollout_process_needs_a_process_beside_the_trainers(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(OmniRLError, match="torchrun --nproc-per-node 2"):
+        distributed.init("cpu", rollout_processes=1)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("rollout.engine=vllm", "hf engine in its own process"),
+        ("data.sampler.type=ucb", "UCB sampler"),
+        ("rollout.staleness=2", "must be one of 0, 1"),
+    ],
+)
+def test_settings_a_one_step_off_rollout_cannot_take_are_refused(tmp_path, override, says):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("")
+    config = grpo_config(tmp_path, rows, "fsdp", **OFF)
+    with pytest.raises(ConfigError, match=says):
+        load_config(config, [override])
