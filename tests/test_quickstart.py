@@ -82,6 +82,18 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert "after GRPO" in out and "video_direction" in out
 
 
+def test_quickstart_with_a_one_step_off_rollout(tmp_path, capsys):
+    """The GRPO phase under torchrun, one trainer and one rollout process."""
+    small = ("data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=3", "grpo.rollout.staleness=1")
+    assert video_quickstart(tmp_path, *small) == 0
+    summary = assert_summary_rescores(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1]
+    assert all(r["rollout/tis_capped_fraction"] >= 0 for r in rows)  # auto: tis
+    assert rows[-1]["eval/heldout/accuracy"] == summary["heldout_accuracy_rl"]
+    assert "one-step-off rollout" in capsys.readouterr().out
+
+
 def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path):
     """Every 3rd question a labelled decoy in both splits, on every kind; the cold start sees half its
     rows without their clip (as curation asks them) and keeps the decoys' true answers

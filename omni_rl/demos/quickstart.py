@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+
+import torch
 
 from omni_rl.algorithms.stats import binomial_interval, paired_gain
 from omni_rl.config import save_config
@@ -26,6 +30,7 @@ from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
 from omni_rl.demos.quickstart_config import QuickstartConfig
 from omni_rl.engine import checkpoint
+from omni_rl.errors import OmniRLError
 from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
@@ -121,6 +126,23 @@ def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None =
     return replace(recipe_cfg, run=run, media=cfg.media, model=model, data=data)
 
 
+def train_grpo(grpo_cfg) -> None:
+    """The GRPO phase in this process; with ``rollout.staleness: 1`` under torchrun, as
+    one trainer and one rollout process that split the run's threads (its config is
+    written beside its output directory, ``grpo.yaml``)."""
+    if not grpo_cfg.rollout.staleness:
+        grpo.train(grpo_cfg)
+        return
+    threads = max(1, torch.get_num_threads() // 2)  # the quickstart's run settings are in force
+    path = save_config(replace(grpo_cfg, run=replace(grpo_cfg.run, threads=threads)), f"{grpo_cfg.run.output_dir}.yaml")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "omni_rl", "train", str(path)]
+    print(f"GRPO with a one-step-off rollout: {' '.join(command)} ({threads} thread(s) a process)", flush=True)
+    done = subprocess.run(command, check=False)
+    if done.returncode:
+        raise OmniRLError(f"the GRPO phase under torchrun failed (exit {done.returncode}); its output is above")
+
+
 def run_phases(
     cfg, train: Path, sft_rows: Path, heldout: Path, grpo_rows: Callable[[Path], Path] | None = None, **tiny
 ) -> tuple[dict, dict]:
@@ -142,7 +164,7 @@ def run_phases(
 
     # GRPO: from the SFT checkpoint, on the whole training set or the rows chosen
     rows = train if grpo_rows is None else grpo_rows(sft_model)
-    grpo.train(_filled(cfg, cfg.grpo, out / "grpo", rows, model_path=str(sft_model), heldout=heldout, **tiny))
+    train_grpo(_filled(cfg, cfg.grpo, out / "grpo", rows, model_path=str(sft_model), heldout=heldout, **tiny))
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
     return after_sft, after_rl
 
