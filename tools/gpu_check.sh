@@ -5,6 +5,8 @@
 # per GPU; then one GRPO update of the full 3B-shaped model on a 64-frame video
 # (8,192 visual tokens, G = 8, 256 new tokens, gradient checkpointing), the shared
 # prompt against a copy per completion: seconds, tokens/s and peak memory. Needs CUDA and the project's environment (make setup). CI never runs it.
+# Then the same 3B config on GPU 0 synchronously and with a one-step-off rollout (one trainer
+# and one rollout process sharing the GPU): seconds per step of each and their ratio.
 # Where vllm is installed it then runs tools/gpu_smoke_vllm.py (PASS or FAIL per check).
 # Last, on one GPU: flow-policy PPO in ManiSkill's batched GPU simulation (PushCube, 256
 # envs, state observations, 20 iterations from scratch): env steps/s of the rollout,
@@ -124,6 +126,24 @@ PYEOF
     --set run.output_dir="$WORK/mixed" --set trainer.steps=2 --set trainer.dist_timeout_minutes=5
   echo "gpu_check mixed: $(wc -l < "$WORK/mixed/metrics.jsonl") steps logged, no hang"
 fi
+echo "gpu_check: one-step-off rollout (rollout.staleness: 1): 1 trainer and 1 rollout process on GPU 0, 5 steps,"
+echo "  beside the same config synchronous in one process (trainer.strategy: single)"
+for staleness in 0 1; do
+  rm -rf "$WORK/off$staleness"
+  timeout 900 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node=$((1 + staleness)) -m omni_rl train \
+    configs/gpu_check_grpo_3b.yaml --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" \
+    --set run.output_dir="$WORK/off$staleness" --set trainer.strategy=single --set rollout.staleness=$staleness \
+    --set trainer.dist_timeout_minutes=5
+done
+"$PY" - "$WORK/off0/metrics.jsonl" "$WORK/off1/metrics.jsonl" <<'PYEOF'
+import json, statistics, sys
+runs = [[json.loads(line) for line in open(path)][1:] for path in sys.argv[1:]]  # step 1 pays for warm-up
+step = [statistics.median(r["time/step"] for r in rows) for rows in runs]
+print(f"gpu_check one-step-off: s/step synchronous {step[0]:.2f}, one-step-off {step[1]:.2f} "
+      f"(trainer waited {statistics.median(r['time/rollout_wait'] for r in runs[1]):.2f} s for batches, "
+      f"rollout process waited {statistics.median(r['rollout_process/weights_wait_s'] for r in runs[1]):.2f} s for weights), "
+      f"speedup sync/async = {step[0] / step[1]:.2f}, staleness {[r['rollout/staleness'] for r in runs[1]]}")
+PYEOF
 echo "gpu_check: one GRPO update on a 64-frame video, shared prompt (omni) against a copy per completion (peer)"
 "$PY" tools/bench_memory.py --device cuda --model "$WORK/model" --frames 64 --size 448 --new-tokens 256 \
   --checkpointing --runs omni:8,peer:8

@@ -72,13 +72,22 @@ def init(device_type: str, timeout_minutes: float = 30.0, rollout_processes: int
         return Ranks()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
+        backend = "gloo"
         if device_type == "cuda":
-            torch.cuda.set_device(local)
-        backend = "nccl" if device_type == "cuda" else "gloo"
+            torch.cuda.set_device(device_index(local))
+            # a rollout process may share a GPU with a trainer, which NCCL refuses: the
+            # messages between them go over gloo, the trainers' collectives over NCCL
+            backend = "cpu:gloo,cuda:nccl" if rollout_processes else "nccl"
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
         if rollout_processes:  # every process takes part in making the group
             _TRAINERS = dist.new_group(list(range(world - 1)))
     return ranks()
+
+
+def device_index(local_rank: int) -> int:
+    """This process's GPU: its local rank, or, for a rollout process beyond the node's
+    GPUs, the one its local rank wraps around to (it shares it with a trainer)."""
+    return local_rank % max(torch.cuda.device_count(), 1)
 
 
 def ranks() -> Ranks:

@@ -46,7 +46,7 @@ def start_run(cfg, resume: str | None, rollout_processes: int = 0) -> Run:
     device = resolve_device(cfg.run.device)
     ranks = distributed.init(device.type, cfg.trainer.dist_timeout_minutes, rollout_processes)
     if device.type == "cuda":
-        device = torch.device("cuda", ranks.local_rank)
+        device = torch.device("cuda", distributed.device_index(ranks.local_rank))
     out = Path(cfg.run.output_dir)
     previous = RUN_FILES & {p.name for p in out.iterdir()} if out.is_dir() else set()
     if previous and not resume:

@@ -1,6 +1,8 @@
 """Messages between the trainers and a rollout process (GRPO's ``rollout.staleness: 1``),
-point to point in the run's own torch.distributed process group (gloo on CPUs, NCCL on
-GPUs); ``omni_rl.engine.distributed`` keeps the trainers' collectives to their group.
+point to point over gloo in the run's own torch.distributed process group, on GPUs too
+(a rollout process beyond the node's GPUs shares one with a trainer, which NCCL
+refuses; ``omni_rl.engine.distributed`` keeps the trainers' collectives, NCCL on GPUs,
+to their own group).
 
 Weights go from the trainers to the rollout process after each optimizer step: every
 trainer walks the model's trainable weights unit by unit (under FSDP2 each unit is
@@ -20,23 +22,18 @@ from torch import nn
 
 from omni_rl.engine import distributed, gathering
 
-
-def _device() -> torch.device:
-    """Where point-to-point tensors live: NCCL sends CUDA tensors, gloo CPU ones."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+CPU = torch.device("cpu")  # messages go over gloo: a rollout process may share its GPU with a trainer
 
 
 def send_object(obj, dst: int) -> None:
     """``obj`` to global rank ``dst`` (its tensors must be on the CPU)."""
-    dist.send_object_list([obj], dst=dst, device=_device())
+    dist.send_object_list([obj], dst=dst, device=CPU)
 
 
 def receive_object(src: int):
     """The object global rank ``src`` sends next."""
     box = [None]
-    dist.recv_object_list(box, src=src, device=_device())
+    dist.recv_object_list(box, src=src, device=CPU)
     return box[0]
 
 
@@ -56,7 +53,7 @@ def push_weights(model: nn.Module, dst: int, dtype: torch.dtype, bucket_bytes: i
         if not main or not parts:
             return 0
         send_object(header, dst)
-        flat = torch.cat(parts).to(_device())
+        flat = torch.cat(parts).to(CPU)
         dist.send(flat, dst=dst)
         return flat.numel() * flat.element_size()
 
@@ -83,7 +80,7 @@ def receive_weights(model: nn.Module, src: int, dtype: torch.dtype) -> int:
     params = dict(model.named_parameters())
     received = 0
     while (header := receive_object(src)) is not None:
-        flat = torch.empty(sum(math.prod(shape) for _, shape in header), dtype=dtype, device=_device())
+        flat = torch.empty(sum(math.prod(shape) for _, shape in header), dtype=dtype, device=CPU)
         dist.recv(flat, src=src)
         received += flat.numel() * flat.element_size()
         offset = 0
