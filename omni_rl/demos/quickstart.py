@@ -13,6 +13,7 @@ the config's ``sft`` and ``grpo`` sections, filled with what the quickstart gene
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def train_grpo(grpo_cfg) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     command = [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "omni_rl", "train", str(path)]
     print(f"GRPO with a one-step-off rollout: {' '.join(command)} ({threads} thread(s) a process)", flush=True)
-    done = subprocess.run(command, check=False)
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=False)
     if done.returncode:
         raise OmniRLError(f"the GRPO phase under torchrun failed (exit {done.returncode}); its output is above")
 
