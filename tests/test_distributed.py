@@ -99,6 +99,21 @@ def launch(config: Path, processes: int, *extra: str, wait: bool = True):
     return done
 
 
+def launch_and_kill(config: Path, rows: int, processes: int = 2) -> Path:
+    """Launch the run of ``config`` and SIGKILL it once its metrics log holds ``rows``
+    rows; returns the log."""
+    log = config.parent / "run" / "metrics.jsonl"
+    process = launch(config, processes, wait=False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    kill_run(process, config)
+    return log
+
+
 def kill_run(process: subprocess.Popen, config: Path) -> None:
     """SIGKILL a run ``launch`` started without waiting: torchrun's process group, and
     its training processes, which it starts in sessions of their own."""
@@ -253,15 +268,7 @@ def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path
     launch(straight, 2)
 
     resumed = grpo_config(tmp_path / "b", vowels, "fsdp", **sections)
-    log = tmp_path / "b" / "run" / "metrics.jsonl"
-    process = launch(resumed, 2, wait=False)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and process.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed"
-    kill_run(process, resumed)
+    log = launch_and_kill(resumed, 2)
     done = len(log.read_text().splitlines())
     assert 2 <= done < steps
     assert not (log.parent / "checkpoints" / f"step-{steps:08d}").exists()  # nothing ran on after the kill

@@ -11,11 +11,9 @@ repeats the uninterrupted one's metrics and weights exactly.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from test_distributed import assert_same_weights, grpo_config, kill_run, launch, metrics, vowel_rows, weights
+from test_distributed import assert_same_weights, grpo_config, launch, launch_and_kill, metrics, vowel_rows, weights
 
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
@@ -89,15 +87,7 @@ def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_one(tmp_path, vo
     straight = grpo_config(tmp_path / "a", vowels, "fsdp", **sections)
     launch(straight, 2)
     resumed = grpo_config(tmp_path / "b", vowels, "fsdp", **sections)
-    log = tmp_path / "b" / "run" / "metrics.jsonl"
-    process = launch(resumed, 2, wait=False)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and process.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= 3:  # step 2's checkpoint is written
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed"
-    kill_run(process, resumed)
+    log = launch_and_kill(resumed, 3)  # step 3 logged: step 2's checkpoint is written
     assert 3 <= len(log.read_text().splitlines()) < 6
     assert not (log.parent / "checkpoints" / "step-00000006").exists()  # nothing ran on after the kill
     launch(resumed, 2, "--resume", "auto")
