@@ -90,15 +90,15 @@ def test_init_gives_the_process_group_the_configured_timeout(monkeypatch):
 def test_start_run_joins_with_the_trainer_timeout(monkeypatch, tmp_path):
     seen = []
 
-    def init(device_type, timeout_minutes):
-        seen.append((device_type, timeout_minutes))
+    def init(device_type, timeout_minutes, rollout_processes):
+        seen.append((device_type, timeout_minutes, rollout_processes))
         raise SystemExit("joined")
 
     monkeypatch.setattr(common.distributed, "init", init)
     cfg = load_config(None, ["trainer.dist_timeout_minutes=75", f"run.output_dir={tmp_path}", "run.device=cpu"], "demo")
     with pytest.raises(SystemExit, match="joined"):
         common.start_run(cfg, None)
-    assert seen == [("cpu", 75.0)]
+    assert seen == [("cpu", 75.0, 0)]  # no rollout process outside GRPO's rollout.staleness: 1
 
 
 TIMEOUT_ON_RANKS = """

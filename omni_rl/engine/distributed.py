@@ -81,7 +81,7 @@ def init(device_type: str, timeout_minutes: float = 30.0, rollout_processes: int
         dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
         if rollout_processes:  # every process takes part in making the group
             _TRAINERS = dist.new_group(list(range(world - 1)))
-    return ranks()
+    return _joined()
 
 
 def device_index(local_rank: int) -> int:
@@ -95,6 +95,11 @@ def ranks() -> Ranks:
     joined; the rollout process is a process of its own)."""
     if not (dist.is_available() and dist.is_initialized()):
         return Ranks()
+    return _joined()
+
+
+def _joined() -> Ranks:
+    """The ranks of a process that joined torchrun's group."""
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if _TRAINERS is None:
         return Ranks(dist.get_rank(), dist.get_world_size(), local)

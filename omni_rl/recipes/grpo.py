@@ -495,7 +495,7 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
     dynamic sampling included) with the weights of step k - 1 (of step k after a
     checkpoint or at the start, so that a resumed run repeats the uninterrupted one),
     takes step k's weights, and deals each trainer its groups by prompt tokens."""
-    worker = distributed.rollout_rank()
+    trainers = distributed.rollout_rank()  # global ranks 0 .. trainers - 1; this process is the last
     start = remote.receive_object(0)  # sent once trainer 0 built the model
     if start["step"] >= cfg.trainer.steps:
         return {}
@@ -509,7 +509,7 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     remote.receive_weights(model, 0, dtype)
     version, every = start["step"], cfg.trainer.save_every
-    _log.info("rollout process %d: generating steps %d-%d", worker, start["step"] + 1, cfg.trainer.steps)
+    _log.info("rollout process %d: generating steps %d-%d", trainers, start["step"] + 1, cfg.trainer.steps)
     for step in range(start["step"], cfg.trainer.steps):
         timer = Timer()
         fresh = step == start["step"] or (every and step % every == 0)
@@ -530,7 +530,7 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
             "cache": dataset.cache_metrics(),
         }
         collected.report.setdefault("rollout_process/weights_wait_s", 0.0)
-        for rank, part in enumerate(_deal_to_trainers(collected, worker, cfg)):
+        for rank, part in enumerate(_deal_to_trainers(collected, trainers, cfg)):
             remote.send_object(part, rank)
     return {}
 
@@ -562,8 +562,9 @@ def _deal_to_trainers(collected: Collected, trainers: int, cfg: GRPOConfig) -> l
         if filler:
             keep = [0]
         rows = _rows(keep, n)
-        part = Batch([batch.samples[i] for i in keep], [batch.encoded[i] for i in keep], [batch.seeds[i] for i in keep])
-        part.filler = filler
+        part = Batch(
+            [batch.samples[i] for i in keep], [batch.encoded[i] for i in keep], [batch.seeds[i] for i in keep], filler
+        )
         parts.append(
             Collected(
                 part,
