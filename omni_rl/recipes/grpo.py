@@ -529,7 +529,6 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
             "engine": rollout.metrics(),
             "cache": dataset.cache_metrics(),
         }
-        collected.report.setdefault("rollout_process/weights_wait_s", 0.0)
         for rank, part in enumerate(_deal_to_trainers(collected, trainers, cfg)):
             remote.send_object(part, rank)
     return {}
