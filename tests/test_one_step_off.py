@@ -13,7 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_distributed import assert_same_weights, grpo_config, launch, launch_and_kill, metrics, vowel_rows, weights
+from safetensors.torch import load_file
+from test_distributed import (
+    assert_same_weights,
+    grpo_config,
+    launch,
+    launch_and_kill,
+    metrics,
+    on_two_ranks,
+    rank_results,
+    vowel_rows,
+    weights,
+)
 
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
@@ -95,6 +106,84 @@ def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_one(tmp_path, vo
     assert [r["rollout/staleness"] for r in a] == [0, 1, 0, 1, 0, 1]
     assert b == a
     assert_same_weights(weights(tmp_path / "a" / "run", 6), weights(tmp_path / "b" / "run", 6), atol=0)
+
+
+LORA = {"model": {"tiny_family": "qwen2_5_vl", "lora": {"rank": 4, "alpha": 8}}}
+
+
+def test_a_lora_run_pushes_its_adapters_and_equals_the_synchronous_run(tmp_path, vowels):
+    """The rollout process builds the same adapters and takes the trained ones after each
+    step: with a checkpoint every step, the run is the synchronous one bit for bit."""
+    launch(grpo_config(tmp_path / "sync", vowels, "single", algorithm={"rollout_correction": "none"}, **LORA), 1)
+    config = grpo_config(tmp_path / "off", vowels, "fsdp", algorithm={"rollout_correction": "none"}, **LORA, **OFF)
+    launch(config, 2)
+    sync, off = tmp_path / "sync" / "run", tmp_path / "off" / "run"
+    rows = _rows(off)
+    assert [r["rollout/staleness"] for r in rows] == [0, 0, 0]
+    assert rows == metrics(sync)
+    adapters = "checkpoints/step-00000003/model/adapter_model.safetensors"
+    assert_same_weights(load_file(sync / adapters), load_file(off / adapters), atol=0)
+
+
+PUSH_ON_RANKS = """
+import json, os, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from peft import get_peft_model
+
+from omni_rl.engine import distributed, gathering
+from omni_rl.engine.config import AdamWConfig
+from omni_rl.engine.engine import TrainingEngine
+from omni_rl.models import build_tiny, load
+from omni_rl.models.config import LoRAConfig
+from omni_rl.rollout.remote import trainable_names
+
+out = Path(sys.argv[1])
+tiny = build_tiny("qwen2_5_vl", out / f"tiny{os.environ['RANK']}", seed=0)
+ranks = distributed.init("cpu")
+model, _ = load(tiny)
+torch.manual_seed(0)
+model = get_peft_model(model, LoRAConfig(rank=4, alpha=8).peft_config())
+engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32", strategy="fsdp")
+names = trainable_names(engine.module)
+every = {name: value.detach().clone() for name, value in gathering.full_entries(engine.module)}
+holding = [
+    unit for unit in engine.module.modules() if gathering.tracked(unit)
+    and any(p.requires_grad for owner, name in gathering.own_parameters(unit) for p in [getattr(owner, name)])
+]
+gathers = {"count": 0}
+gather = dist.all_gather_single
+
+def counted(*args, **kwargs):
+    gathers["count"] += 1
+    return gather(*args, **kwargs)
+
+dist.all_gather_single = counted
+pushed = {name: value.detach().clone() for name, value in gathering.full_entries(engine.module, names)}
+result = {
+    "gathers": gathers["count"],
+    "units": sum(gathering.tracked(m) for m in engine.module.modules()),
+    "holding": len(holding),
+    "pushed": sorted(pushed),
+    "trainable": sorted(names),
+    "same": all(torch.equal(pushed[k], every[k]) for k in pushed),
+}
+Path(out, f"rank{ranks.rank}.json").write_text(json.dumps(result))
+distributed.shutdown()
+"""
+
+
+def test_a_lora_push_gathers_only_the_units_that_hold_adapters(tmp_path):
+    """Under FSDP2 on 2 processes with adapters on the language model's attention: the
+    push reads exactly the trainable weights, gathering each unit that holds one once and
+    no other (the vision tower's blocks hold none)."""
+    on_two_ranks(tmp_path, PUSH_ON_RANKS, str(tmp_path))
+    for got in rank_results(tmp_path):
+        assert got["pushed"] == got["trainable"] and got["same"], got
+        assert all(".lora_" in name for name in got["pushed"]), got["pushed"][:3]
+        assert 0 < got["gathers"] == got["holding"] < got["units"], got
 
 
 # ------------------------------------------------------------------ without processes

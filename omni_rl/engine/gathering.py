@@ -102,27 +102,33 @@ def held_gathered(model: nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
-def full_entries(model: nn.Module):
-    """(name, full tensor) of every state entry: unit by unit under FSDP2 (each gathered
-    while its entries are read; a consumer copies each before the next), then what no
-    unit shards (buffers); the state dict's own order without FSDP2."""
+def full_entries(model: nn.Module, names: set[str] | None = None):
+    """(name, full tensor) of every state entry, or of those in ``names``: unit by unit
+    under FSDP2 (each gathered while its entries are read; a consumer copies each before
+    the next; a unit holding none of ``names`` is not gathered), then what no unit shards
+    (buffers); the state dict's own order without FSDP2. Every rank must ask alike (the
+    gathers are collectives)."""
+    wanted = (lambda name: True) if names is None else names.__contains__
     units = [m for m in model.modules() if tracked(m)]
     state = model.state_dict()
     if not units:
-        yield from state.items()
+        yield from ((name, value) for name, value in state.items() if wanted(name))
         return
     prefixes = {id(m): name for name, m in model.named_modules()}
     done = set()
     for unit in units:
+        entries = [(owner, name, f"{prefixes[id(owner)]}.{name}".lstrip(".")) for owner, name in own_parameters(unit)]
+        entries = [(owner, name, full) for owner, name, full in entries if full in state and wanted(full)]
+        if not entries:
+            continue
         unit.unshard()
         try:
-            for owner, name in own_parameters(unit):
-                full = f"{prefixes[id(owner)]}.{name}".lstrip(".")
-                if full in state and full not in done:
+            for owner, name, full in entries:
+                if full not in done:
                     done.add(full)
                     yield full, getattr(owner, name)  # the gathered tensor while the unit is unsharded
         finally:
             unit.reshard()
     for name, value in state.items():
-        if name not in done:
+        if name not in done and wanted(name):
             yield name, value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -5,8 +5,9 @@ refuses; ``omni_rl.engine.distributed`` keeps the trainers' collectives, NCCL on
 to their own group).
 
 Weights go from the trainers to the rollout process after each optimizer step: every
-trainer walks the model's trainable weights unit by unit (under FSDP2 each unit is
-gathered once, ``gathering.full_entries``), and trainer 0 sends them in buckets of about
+trainer walks the model's trainable weights unit by unit (under FSDP2 each unit that
+holds one is gathered once, ``gathering.full_entries``: under LoRA or a frozen vision
+tower the others are not), and trainer 0 sends them in buckets of about
 ``bucket_bytes``, each a small header (names and shapes) then one flat tensor in the
 dtype the rollout samples in. Batches go the other way as one object per trainer
 (pickled in memory by torch.distributed, never written to a file).
@@ -57,9 +58,7 @@ def push_weights(model: nn.Module, dst: int, dtype: torch.dtype, bucket_bytes: i
         dist.send(flat, dst=dst)
         return flat.numel() * flat.element_size()
 
-    for name, value in gathering.full_entries(model):
-        if name not in names:
-            continue
+    for name, value in gathering.full_entries(model, names):  # a unit with nothing trainable is not gathered
         if main:
             header.append((name, tuple(value.shape)))
             parts.append(value.detach().reshape(-1).to(dtype, copy=True))  # copied before the unit reshards
