@@ -20,8 +20,8 @@ def video_quickstart(out, *overrides: str) -> int:
 
 def rescored(out) -> dict:
     """The held-out accuracies the quickstart in ``out`` reports, computed here from its
-    saved answers: ``{group: (rows, after SFT, after RL)}`` per data source, per label
-    where there are decoys, and overall. Each answer is scored afresh by the reward
+    saved answers: ``{group: (rows, after SFT, after RL)}`` per data source, per problem
+    type (``type/...``), per label where there are decoys, and overall. Each answer is scored afresh by the reward
     router (greedy: one answer per row)."""
     from omni_rl.rewards import score
 
@@ -36,7 +36,7 @@ def rescored(out) -> dict:
             for (text,) in (a["after_sft"], a["after_rl"])
         ]
         label = "decoys" if row.get("decoy") else "grounded"
-        for group in (row["data_source"], f"label/{label}", "overall"):
+        for group in (row["data_source"], f"type/{row['problem_type']}", f"label/{label}", "overall"):
             groups.setdefault(group, []).append(right)
     return {g: (len(v), sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for g, v in groups.items()}
 
@@ -47,6 +47,7 @@ def assert_summary_rescores(out) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     mine = rescored(out)
     entries = {**summary["per_source"], "overall": summary["overall"]}
+    entries |= {f"type/{k}": v for k, v in summary["per_type"].items()}
     entries |= {f"label/{k}": v for k, v in summary.get("per_label", {}).items()}
     for group, entry in entries.items():
         assert (entry["rows"], entry["sft"], entry["rl"]) == pytest.approx(mine[group]), group
@@ -324,6 +325,7 @@ def test_quickstart_with_the_kinds_each_routed_to_its_reward(tmp_path):
     within each kind, and the summary gives each kind its chance (1/4, 1/5, the best
     constant span's mean IoU) and rescoring the saved answers gives its figures."""
     from omni_rl.preprocess.motion import ROUTED_KINDS, grounding_baseline
+    from omni_rl.rewards import score
 
     kinds = "data.kinds=[" + ",".join(ROUTED_KINDS) + "]"
     steps = ("data.train_clips=12", "data.heldout_clips=6", "grpo.trainer.steps=2", "grpo.rollout.max_new_tokens=32")
@@ -335,6 +337,19 @@ def test_quickstart_with_the_kinds_each_routed_to_its_reward(tmp_path):
     expected = {"video_heading": 0.25, "video_counting": 0.2, "video_grounding": grounding_baseline()[1]}
     assert chances == pytest.approx(expected)
     assert summary["overall"]["chance"] == pytest.approx(sum(chances.values()) / 3)
+    # overall on one scale: each answer rescored, less its kind's chance, over 1 - chance
+    heldout = {
+        r["id"]: r for r in map(json.loads, (tmp_path / "data" / "heldout" / "data.jsonl").read_text().splitlines())
+    }
+    answers = [json.loads(line) for line in (tmp_path / "heldout_answers.jsonl").read_text().splitlines()]
+    for phase, column in (("sft", "after_sft"), ("rl", "after_rl")):
+        mine = []
+        for a in answers:
+            row, b = heldout[a["id"]], chances[heldout[a["id"]]["data_source"]]
+            s = score(row["problem_type"], a[column][0], row["answer"], options=row.get("options")).accuracy
+            mine.append((s - b) / (1 - b))
+        assert summary["overall_normalised"][phase] == pytest.approx(sum(mine) / len(mine))
+    assert summary["overall_normalised"]["rows"] == 6 and summary["overall_normalised"]["chance"] == 0.0
     sft_rows = [json.loads(line) for line in (tmp_path / "data" / "train" / "sft.jsonl").read_text().splitlines()]
     assert len(sft_rows) % 3 == 0 and {r["problem_type"] for r in sft_rows} == set(summary["per_type"])
 

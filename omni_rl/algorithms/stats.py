@@ -1,4 +1,5 @@
-"""Intervals for evaluation figures: a success rate's, and a paired gain's."""
+"""Intervals for evaluation figures: a success rate's, a mean score's, and a paired
+gain's; and scores put on one scale over questions of unlike baselines."""
 
 from __future__ import annotations
 
@@ -28,3 +29,23 @@ def paired_gain(before: list[float], after: list[float], z: float = 1.96) -> tup
     spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
     half = z * spread / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def mean_interval(scores: list[float], z: float = 1.96) -> tuple[float, float]:
+    """The normal interval of the mean of ``scores`` (95% with z = 1.96), for scores
+    that are not successes and failures (an IoU, a normalised score)."""
+    if not scores:
+        return 0.0, 0.0
+    n = len(scores)
+    mean = sum(scores) / n
+    spread = math.sqrt(sum((x - mean) ** 2 for x in scores) / (n - 1)) if n > 1 else 0.0
+    return mean - z * spread / math.sqrt(n), mean + z * spread / math.sqrt(n)
+
+
+def above_baseline(score: float, baseline: float) -> float:
+    """``score`` on a scale where ``baseline`` (what the question scores without its
+    media) is 0 and a right answer is 1: (score - baseline) / (1 - baseline); below the
+    baseline it goes negative, down to -baseline / (1 - baseline)."""
+    if not 0 <= baseline < 1:
+        raise ValueError(f"a baseline must be in [0, 1) to normalise by (got {baseline})")
+    return (score - baseline) / (1 - baseline)

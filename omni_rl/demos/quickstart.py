@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from omni_rl.algorithms.stats import binomial_interval, paired_gain
+from omni_rl.algorithms.stats import above_baseline, binomial_interval, mean_interval, paired_gain
 from omni_rl.config import save_config
 from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
@@ -174,9 +174,20 @@ def by_source(row: dict) -> str:
     return row.get("data_source") or "unknown"
 
 
+def by_type(row: dict) -> str:
+    return row.get("problem_type") or "unknown"
+
+
 def by_label(row: dict) -> str:
     """``decoys`` (a question its wording answers) or ``grounded``."""
     return "decoys" if row.get(LABEL) else "grounded"
+
+
+def scored_rows(heldout: Path, after_sft: dict, after_rl: dict) -> list[dict]:
+    """The rows of the dataset file ``heldout`` that both evaluations scored."""
+    before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
+    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["id"] in before and r["id"] in after]
 
 
 def compare(
@@ -191,13 +202,11 @@ def compare(
     accuracy after SFT and after RL with 95% intervals (``*_ci95``), and the gain with
     the 95% interval of the paired difference over the same questions. Rows scored in
     only one of the two evaluations are left out of both."""
-    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
     groups: dict[str, list[dict]] = {"overall": []}
-    for row in rows:
-        if row["id"] in before and row["id"] in after:
-            groups.setdefault(group(row), []).append(row)
-            groups["overall"].append(row)
+    for row in scored_rows(heldout, after_sft, after_rl):
+        groups.setdefault(group(row), []).append(row)
+        groups["overall"].append(row)
     result = {}
     for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
         sft_scores, rl_scores = [before[r["id"]] for r in mine], [after[r["id"]] for r in mine]
@@ -211,6 +220,30 @@ def compare(
     return result
 
 
+NORMALISED = "each row's score s with its baseline b as (s - b) / (1 - b), 0 at the baseline, 1 right; their mean"
+
+
+def normalised_overall(
+    heldout: Path, after_sft: dict, after_rl: dict, baseline: Callable[[dict], float | None] = chance
+) -> dict | None:
+    """The held-out rows scored on one scale whatever their kind's baseline
+    (``above_baseline``): rows, the mean after SFT and after RL with normal 95%
+    intervals, and the gain with its paired interval. None where a row has no baseline."""
+    before, after = after_sft["row_accuracy"], after_rl["row_accuracy"]
+    rows = scored_rows(heldout, after_sft, after_rl)
+    baselines = [baseline(r) for r in rows]
+    if not rows or None in baselines:
+        return None
+    sft_scores = [above_baseline(before[r["id"]], b) for r, b in zip(rows, baselines, strict=True)]
+    rl_scores = [above_baseline(after[r["id"]], b) for r, b in zip(rows, baselines, strict=True)]
+    gain, low, high = paired_gain(sft_scores, rl_scores)
+    entry = {"rows": len(rows), "chance": 0.0, "how": NORMALISED}
+    for phase, scores in (("sft", sft_scores), ("rl", rl_scores)):
+        entry[phase] = sum(scores) / len(scores)
+        entry[f"{phase}_ci95"] = [round(x, 4) for x in mean_interval(scores)]
+    return entry | {"gain": gain, "gain_ci95": [round(low, 4), round(high, 4)]}
+
+
 def compare_table(compared: dict) -> str:
     """``compare``'s result as a plain-text table."""
 
@@ -218,12 +251,13 @@ def compare_table(compared: dict) -> str:
         low, high = entry[f"{phase}_ci95"]
         return f"{entry[phase]:.2f} [{low:.2f}, {high:.2f}]"
 
-    lines = [f"{'held out':<22}{'rows':>6}{'chance':>8}   {'after SFT':<18}{'after GRPO':<18}gain [95%]"]
+    width = max(22, *(len(name) + 1 for name in compared))
+    lines = [f"{'held out':<{width}}{'rows':>6}{'chance':>8}   {'after SFT':<21}{'after GRPO':<21}gain [95%]"]
     for name, e in compared.items():
         odds = "-" if e["chance"] is None else f"{e['chance']:.2f}"
         low, high = e["gain_ci95"]
         gain = f"{e['gain']:+.2f} [{low:+.2f}, {high:+.2f}]"
-        lines.append(f"{name:<22}{e['rows']:>6}{odds:>8}   {cell(e, 'sft'):<18}{cell(e, 'rl'):<18}{gain}")
+        lines.append(f"{name:<{width}}{e['rows']:>6}{odds:>8}   {cell(e, 'sft'):<21}{cell(e, 'rl'):<21}{gain}")
     return "\n".join(lines)
 
 
@@ -236,14 +270,18 @@ def write_summary(
     baseline: Callable[[dict], float | None] = chance,
     **extra,
 ) -> dict:
-    """``summary.json`` (held-out accuracy after SFT and after RL, per problem type, and
-    per data source with chance, 95% intervals and the gain; where some held-out rows
+    """``summary.json`` (held-out accuracy after SFT and after RL, overall, per problem
+    type and per data source with chance, 95% intervals and the gain, and overall on one
+    scale over unlike baselines, ``normalised_overall``; where some held-out rows
     are decoys, the same for them and for the others, ``per_label``; ``extra``,
     seconds), ``heldout_answers.jsonl`` (each held-out row's answers after SFT and after
     RL, which the accuracies score), curve PNGs, and the comparison printed.
     ``heldout``: the held-out rows' dataset file; ``baseline``: a row's score without
     its media (``compare``)."""
     compared = compare(heldout, after_sft, after_rl, baseline=baseline)
+    typed = compare(heldout, after_sft, after_rl, by_type, baseline)
+    typed.pop("overall")
+    normalised = normalised_overall(heldout, after_sft, after_rl, baseline)
     labelled = compare(heldout, after_sft, after_rl, by_label, baseline)
     if "decoys" in labelled:
         labelled.pop("overall")
@@ -252,9 +290,8 @@ def write_summary(
         "heldout_accuracy_sft": after_sft["accuracy"],
         "heldout_accuracy_rl": after_rl["accuracy"],
         "overall": compared.pop("overall"),
-        "per_type": {
-            t: {"sft": after_sft["per_type"][t], "rl": after_rl["per_type"][t]} for t in after_sft["per_type"]
-        },
+        **({"overall_normalised": normalised} if normalised else {}),
+        "per_type": typed,
         "per_source": compared,
         "heldout_rows": after_rl["rows"],
         **extra,
@@ -267,7 +304,10 @@ def write_summary(
     ]
     (out / "heldout_answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     _plots(out)
-    print(compare_table(compared | summary.get("per_label", {}) | {"overall": summary["overall"]}))
+    shown = compared | ({f"type/{t}": e for t, e in typed.items()} if len(typed) > 1 else {})
+    shown |= summary.get("per_label", {})
+    shown |= {"overall": summary["overall"]} | ({"overall, normalised": normalised} if normalised else {})
+    print(compare_table(shown))
     return summary
 
 
