@@ -256,3 +256,146 @@ def test_on_cuda_the_metrics_carry_peak_allocated_and_reserved_memory(monkeypatc
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 4.5 * 2**30)
     row = engine.metrics()
     assert row["memory/peak_allocated_gb"] == 3.0 and row["memory/peak_reserved_gb"] == 4.5
+
+
+def _tied(tiny_checkpoint, checkpointing: bool = False):
+    """The tiny Qwen2.5-VL with its output head tied to its input embedding (as the 3B
+    model's is), in train mode."""
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train()
+    return model, processor
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_tied_weights_gradients_added_in_place_equal_the_plain_ones(
+    checkpointing, tiny_checkpoint, family_prompts, monkeypatch
+):
+    """Three micro-batches of two video prompts of different lengths (left padding),
+    G = 2 completions each, one stopped early and one at once, the prompt's backward
+    apart: every gradient, the tied weight's included, is the plain path's (the head's
+    buffer, the dense lookup) within float rounding, and dense; what the in-place path
+    saves: ``test_a_tied_weight_never_has_two_full_gradients``."""
+    from test_forward import completions
+
+    from omni_rl.models import forward
+    from omni_rl.models.forward import group_forward
+
+    def accumulated(model, backward):
+        inputs = family_prompts("qwen2_5_vl", processor)
+        for seed in (1, 2, 3):  # micro-batches of other completions
+            ids, mask = completions(4, 5, seed=seed)
+            out = group_forward(model, inputs, ids, mask, 2, entropy="grad", apart=True)
+            backward((out.logp * mask).sum(), out.prompt)
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain_model, processor = _tied(tiny_checkpoint, checkpointing)
+    in_place, _ = _tied(tiny_checkpoint, checkpointing)
+
+    def plain(loss, prompt):
+        loss.backward()
+        prompt.run()
+
+    reference = accumulated(plain_model, plain)
+    engine = TrainingEngine(in_place, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32")
+    assert engine.head_grad_in_place and in_place.get_input_embeddings().sparse
+    taken, choose = [], forward._in_place_grad
+    monkeypatch.setattr(forward, "_in_place_grad", lambda weight: taken.append(choose(weight)) or taken[-1])
+    got = accumulated(in_place, engine.backward)
+    assert [t is None for t in taken] == [True, False, False]  # from the second micro-batch on
+    assert got.keys() == reference.keys() and "model.language_model.embed_tokens.weight" in got
+    assert all(g.layout == torch.strided for g in got.values())
+    for name in got:
+        torch.testing.assert_close(got[name], reference[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_a_lookup_gradient_that_lands_alone_is_made_dense(tiny_checkpoint):
+    """A tied weight whose head is not used in a backward (only the lookup is): its
+    sparse gradient has nothing to be added into, and reaches the optimizer dense."""
+    model, _ = _tied(tiny_checkpoint)
+    engine = TrainingEngine(model, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32")
+    embedding = model.get_input_embeddings()
+    engine.backward(embedding(torch.tensor([[3, 4, 4, 9]])).square().sum())
+    grad = embedding.weight.grad
+    assert grad.layout == torch.strided and torch.equal(grad[4], 4 * embedding.weight[4].detach())
+    assert grad[5].abs().sum() == 0
+    before = embedding.weight.detach().clone()
+    engine.step()
+    assert not torch.equal(embedding.weight, before)
+
+
+def test_untied_heads_and_other_strategies_keep_the_buffer(tiny_checkpoint, caplog):
+    """Untied (the tiny models, Qwen2.5-VL 7B) and frozen heads are not marked; a tied
+    head under DDP or FSDP2 keeps its buffer, said in the log."""
+    from omni_rl.models.forward import tied_head
+
+    untied, _ = load(tiny_checkpoint("qwen2_5_vl"))
+    assert tied_head(untied) is None
+    assert not TrainingEngine(untied, AdamWConfig(lr=1e-3), torch.device("cpu"), 1).head_grad_in_place
+    frozen, _ = _tied(tiny_checkpoint)
+    frozen.get_input_embeddings().weight.requires_grad_(False)
+    assert tied_head(frozen) is None
+    tied, _ = _tied(tiny_checkpoint)
+    engine = TrainingEngine.__new__(TrainingEngine)
+    engine.module, engine.strategy = tied, "fsdp"
+    with caplog.at_level("INFO", logger="omni_rl.engine.engine"):
+        assert not engine._tied_head_in_place()
+    assert "its weight's gradient is made twice at times" in caplog.text and not tied.get_input_embeddings().sparse
+
+
+TIED_PEAK = """
+import resource, sys
+import torch
+from torch import nn
+from omni_rl.engine.config import SGDConfig
+from omni_rl.engine.engine import TrainingEngine
+from omni_rl.models import forward
+
+class Tied(nn.Module):  # a token lookup and a vocabulary head that share one [V, H] weight
+    def __init__(self, vocab, width):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, width), nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+    def get_input_embeddings(self):
+        return self.embed
+    def get_output_embeddings(self):
+        return self.head
+
+torch.manual_seed(0)
+model = Tied(200_000, 256)  # 195 MiB a [V, H] fp32 tensor
+engine = TrainingEngine(model, SGDConfig(lr=0.1), torch.device("cpu"), 1, precision="fp32")
+if sys.argv[1] == "plain":  # the head's buffer, the dense lookup
+    forward._IN_PLACE.clear()
+    model.embed.sparse = False
+ids = torch.randint(0, 200_000, (2, 8))  # few tokens: the head's chunks stay small
+def backward():
+    hidden = torch.tanh(model.embed(ids))
+    engine.backward(forward.completion_logprobs(hidden, model.head, ids, torch.ones_like(ids)).sum())
+backward()  # the first micro-batch makes the gradient
+start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) / 1024)
+"""
+
+
+def test_a_tied_weight_never_has_two_full_gradients(tmp_path):
+    """Peak resident memory of a second micro-batch's backward through a tied
+    [200,000 x 256] weight (195 MiB in fp32), in fresh processes: the plain path fills
+    the head's full fp32 buffer beside the weight's gradient; in place, nothing of that
+    size is made. (The lookup's dense gradient, zeros on fresh pages here, shows in
+    resident memory where the allocator hands out pages touched before, as at the 3B
+    shape in ``tools/bench_memory.py``.)"""
+    import subprocess
+    import sys
+
+    script = tmp_path / "peak.py"
+    script.write_text(TIED_PEAK)
+    peaks = {}
+    for mode in ("plain", "in_place"):
+        done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        peaks[mode] = float(done.stdout.split()[-1])
+    full = 200_000 * 256 * 4 / 2**20
+    assert peaks["plain"] >= 0.9 * full and peaks["in_place"] <= 0.3 * full, peaks

@@ -230,3 +230,28 @@ def test_the_autograd_node_running_is_named_in_a_backward_only(private):
         loss.backward()
     assert names[0] == (torch.ops.aten.mm.default, None)
     assert (torch.ops.aten.mm.default, "MmBackward0") in names
+
+
+def test_the_peak_tracker_counts_a_sparse_gradient_by_its_indices_and_values(private):
+    """A tied weight's token lookup sends a sparse gradient (``forward.accumulate_in_place``):
+    the tracker follows it as it arrives at the parameter and as the backward makes it,
+    as its indices and values, where the stock tracker stops at its missing storage."""
+
+    class Lookup(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64, sparse=True)
+
+        def forward(self, ids):
+            return self.embed(ids).square().sum()
+
+    model = Lookup()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = private.peak_tracker(model, optimizer, fsdp=False)
+    with private.module_tracking_without_cycles(), tracker:
+        model(torch.tensor([[3, 4, 4, 9]])).backward()
+    grad = model.embed.weight.grad
+    assert grad.is_sparse and grad._values().shape == (4, 64)
+    peak = tracker.get_tracker_snapshot("peak")
+    # at least the parameter and the gradient's values: 1000 x 64 and 4 x 64 floats
+    assert max(s["Total"] for s in peak.values()) >= (1000 + 4) * 64 * 4

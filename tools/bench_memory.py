@@ -11,7 +11,8 @@ completions of 64 tokens: the old log-probs (no gradient), then the gradient pas
 
 - omni: ``omni_rl.models.forward.group_forward``, the recipe's forward: the prompt and
   its video once per group, its keys held once, logits only at completion tokens in
-  chunks;
+  chunks, the tied weight's (the 3B shape ties its head) gradients added in place into
+  one as ``TrainingEngine`` has it in one process (``forward.accumulate_in_place``);
 - peer: each completion forwarded with its own copy of the prompt and video, logits
   kept over the completion tokens only (TRL's way), via ``full_forward``;
 
@@ -85,7 +86,7 @@ def child(args) -> None:
     """One configuration, in this process: prints one JSON line."""
     from omni_rl.algorithms.losses import clipped_policy_loss
     from omni_rl.models import load
-    from omni_rl.models.forward import full_forward, group_forward
+    from omni_rl.models.forward import accumulate_in_place, full_forward, group_forward, tied_head
     from omni_rl.models.inputs import collate_prompts
 
     torch.set_num_threads(args.threads)
@@ -95,6 +96,8 @@ def child(args) -> None:
     if args.checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     model.train()
+    if args.mode == "omni" and (tied := tied_head(model)) is not None:
+        accumulate_in_place(tied)  # as TrainingEngine does in one process
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     for p in model.parameters():  # AdamW's state and the gradients exist before measuring
         p.grad = torch.zeros_like(p)

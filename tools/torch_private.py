@@ -165,6 +165,23 @@ def peak_tracker(
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
+        # A sparse tensor (a tied weight's lookup gradient, ``forward.accumulate_in_place``)
+        # has no storage of its own: its indices' and its values' are what it holds. The
+        # stock tracker asks every tensor an operation makes (``_track``) and every
+        # gradient a parameter is sent (``_update_and_maybe_create_winfos``) for one.
+        def _track(self, reftype, t) -> None:
+            for part in (t._indices(), t._values()) if t.is_sparse else (t,):
+                super()._track(reftype, part)
+
+        def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+            parts = (t._indices(), t._values()) if t.is_sparse else (t,)
+            return set().union(
+                *(
+                    super(Tracker, self)._update_and_maybe_create_winfos(part, reftype, update_existing)
+                    for part in parts
+                )
+            )
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:

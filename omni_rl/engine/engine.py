@@ -50,6 +50,7 @@ from torch import nn
 from omni_rl.engine import distributed, encoders, gathering
 from omni_rl.engine.config import OptimizerConfig, TrainerConfig
 from omni_rl.errors import OmniRLError
+from omni_rl.models.forward import accumulate_in_place, tied_head
 from omni_rl.models.shared_prefix import PromptBackward, gather_on_prompt_gradient
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,7 @@ class TrainingEngine:
                 "trainer.strategy=ddp: a shared prompt's backward runs in one call with its completions', "
                 "which holds the completions' weight gradients until the prompt's (fsdp and single run them apart)"
             )
+        self.head_grad_in_place = self._tied_head_in_place()
         self.trained_names: set[str] = set()
         self.use_optimizer(optimizer, total_steps, schedule, warmup_steps, min_lr_ratio, param_groups, max_grad_norm)
         if self.precision == "bf16-pure":
@@ -199,6 +201,26 @@ class TrainingEngine:
                 "trainer.precision=bf16-pure: weights are stepped in bf16; updates below bf16's resolution "
                 "(about 0.4%% of a weight) are lost"
             )
+
+    def _tied_head_in_place(self) -> bool:
+        """Where the output head is the trained input embedding, whether that weight
+        gets one full gradient (``forward.accumulate_in_place``: one process) or, under
+        DDP and FSDP2, a second full [V, H] fp32 one beside it at times (said once in
+        the log)."""
+        embedding = tied_head(self.module)
+        if embedding is None:
+            return False
+        if self.strategy != "single":
+            log.info(
+                "tied output head under trainer.strategy=%s: its weight's gradient is made twice at times "
+                "(the head's fp32 buffer, the token lookup's dense gradient: each [V, H]); one process adds both "
+                "in place",
+                self.strategy,
+            )
+            return False
+        accumulate_in_place(embedding)  # after wrapping: DDP reads a lookup's sparse flag when built
+        log.info("tied output head: the head's and the token lookup's gradients are added in place into one")
+        return True
 
     def use_optimizer(
         self,

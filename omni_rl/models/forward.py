@@ -22,6 +22,7 @@ RoPE offsets of the prefill), so log-probs here match the sampler's.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type
 CHUNK_BYTES = 128 * 2**20
 
 Entropy = Literal["off", "metric", "grad"]
+# head weights whose gradient the chunked head adds into ``.grad`` in place (``accumulate_in_place``)
+_IN_PLACE: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()  # by id
 
 
 @dataclass
@@ -217,6 +220,10 @@ class _ChunkedHead(torch.autograd.Function):
     micro-batch at a 7B model's vocabulary), each rounding at bf16's 2^-9 relative to
     the whole sum so far. The fp32 buffer costs one transient [V, H] fp32 tensor.
 
+    A tied weight marked by ``accumulate_in_place`` whose fp32 gradient exists already
+    (a second micro-batch) has its chunks added into that gradient in place, and no
+    buffer: the buffer and the gradient would be two full [V, H] fp32 tensors at once.
+
     d log p(y) / d logit = onehot(y) - p;  d entropy / d logit = -p * (logit - E_p[logit]).
     The kept-mass column, when asked for, is a diagnostic and gets no gradient.
     """
@@ -247,7 +254,11 @@ class _ChunkedHead(torch.autograd.Function):
         w = weight.to(compute)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         fp32 = torch.float32  # the buffers' dtype (see the class docstring)
-        grad_weight = torch.zeros_like(weight, dtype=fp32) if ctx.needs_input_grad[1] else None
+        into = _in_place_grad(weight) if ctx.needs_input_grad[1] else None
+        if into is not None:
+            grad_weight = into
+        else:
+            grad_weight = torch.zeros_like(weight, dtype=fp32) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias, dtype=fp32) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], per_chunk):
             h, g = hidden[s : s + per_chunk], grad_out[s : s + per_chunk].float()
@@ -267,11 +278,58 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_bias += grad.sum(0)
             # else the next chunk's [M, V] tensors are built while these are still named
             del logits, p, grad
-        if grad_weight is not None:
+        if into is not None:
+            grad_weight = None  # added into the parameter's gradient already
+        elif grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def tied_head(model: torch.nn.Module) -> torch.nn.Embedding | None:
+    """The input embedding where the output head shares its weight (a tied head, as
+    Qwen2.5-VL 3B's and Qwen2-VL 2B's) and that weight trains; else None."""
+    try:
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # not a language model (a flow policy's MLP)
+        return None
+    if not isinstance(embedding, torch.nn.Embedding) or head is None or embedding.weight is not head.weight:
+        return None
+    return embedding if embedding.weight.requires_grad else None
+
+
+def accumulate_in_place(embedding: torch.nn.Embedding) -> None:
+    """Give a tied weight (``tied_head``) one full gradient, never two: the chunked
+    head adds its chunks into the weight's existing fp32 gradient in place (a second
+    micro-batch; ``_ChunkedHead``), and the token lookup's gradient is sparse, its rows
+    added in place into the head's or the existing gradient (autograd adds a sparse
+    gradient into a dense one in place). Otherwise the head's [V, H] fp32 buffer stands
+    beside the weight's gradient, and the lookup's dense [V, H] gradient beside the
+    head's at the end of backward: 1.2 GB each at the 3B shape. A lookup gradient that
+    lands alone (no head in that backward) is made dense as it lands, for the optimizer.
+
+    For a model trained in one process only (the caller's to know): the head's part
+    then reaches the gradient outside autograd's accumulation, which DDP's reducer
+    watches, and under FSDP2 the prompt's backward call, after the completions' were
+    reduce-scattered, would leave a sparse gradient that FSDP2 cannot reduce-scatter."""
+
+    def densify(param: torch.Tensor) -> None:
+        if param.grad is not None and param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+
+    weight = embedding.weight
+    _IN_PLACE[id(weight)] = weight
+    embedding.sparse = True
+    weight.register_post_accumulate_grad_hook(densify)
+
+
+def _in_place_grad(weight: torch.Tensor) -> torch.Tensor | None:
+    """The gradient the chunked head may add ``weight``'s into in place, if any."""
+    grad = weight.grad if _IN_PLACE.get(id(weight)) is weight else None
+    if grad is None or grad.dtype != torch.float32 or grad.layout != torch.strided or not grad.is_contiguous():
+        return None
+    return grad
 
 
 def completion_logprobs(
