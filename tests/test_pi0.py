@@ -429,6 +429,36 @@ def test_a_saved_policy_loads_and_samples_the_same(tiny_pi0, tmp_path):
     torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
 
 
+def test_a_saved_policy_loads_as_the_type_it_was_saved_as(tiny_pi0, tmp_path):
+    """``FlowPolicy.from_pretrained`` reads the type the checkpoint was saved as: a pi0
+    checkpoint comes back a ``Pi0FlowPolicy`` that samples what the saved one did, a
+    state-MLP checkpoint a ``FlowPolicy``; the pi0 class asked for an MLP checkpoint,
+    or a checkpoint of an unknown type, says what it holds."""
+    import json
+
+    from omni_rl.errors import OmniRLError
+    from omni_rl.models.flow_policy import FlowPolicy
+    from omni_rl.models.flow_policy_config import FlowPolicyConfig
+    from omni_rl.models.pi0 import Pi0FlowPolicy
+
+    policy = pi0_policy(tiny_pi0).eval()
+    obs = pi0_observations(policy)
+    policy.save_pretrained(tmp_path / "pi0")
+    again = FlowPolicy.from_pretrained(tmp_path / "pi0").eval()
+    assert type(again) is Pi0FlowPolicy
+    noise = policy.noise(3, torch.Generator().manual_seed(6))
+    torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
+    FlowPolicy(FlowPolicyConfig(horizon=4, executed=2), obs_dim=5, action_dim=3).save_pretrained(tmp_path / "mlp")
+    assert type(FlowPolicy.from_pretrained(tmp_path / "mlp")) is FlowPolicy
+    with pytest.raises(OmniRLError, match="holds a mlp policy \\(FlowPolicy\\), not a Pi0FlowPolicy"):
+        Pi0FlowPolicy.from_pretrained(tmp_path / "mlp")
+    spec = json.loads((tmp_path / "mlp" / "policy.json").read_text())
+    spec["type"] = "pi07"
+    (tmp_path / "mlp" / "policy.json").write_text(json.dumps(spec))
+    with pytest.raises(OmniRLError, match="policy type 'pi07' is not one of \\['mlp', 'pi0'\\]"):
+        FlowPolicy.from_pretrained(tmp_path / "mlp")
+
+
 def test_vlm_adapters_train_in_the_vlms_place_and_export_merged(tiny_pi0, tmp_path):
     """``policy.vlm_lora``: where the VLM trains only its language model's adapters do
     (the expert always); the exported checkpoint, the adapters merged into plain

@@ -31,6 +31,7 @@ final step stochastic; ``late`` draws step k with weight k + 1.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import math
@@ -50,10 +51,14 @@ from omni_rl.algorithms.flow import (
     sde_step,
 )
 from omni_rl.config import build_section, to_dict
+from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.registry import Registry
 
 ENCODERS: Registry = Registry("observation encoder")
+# each ``policy.type``'s class, imported when a checkpoint of that type is loaded (the
+# pi0 module builds on this one, so it cannot be imported here)
+POLICY_CLASSES = {"mlp": ("omni_rl.models.flow_policy", "FlowPolicy"), "pi0": ("omni_rl.models.pi0", "Pi0FlowPolicy")}
 HYBRID_STEPS = ("last", "late", "uniform")
 
 
@@ -194,12 +199,12 @@ class FlowPolicy(nn.Module):
         self.register_buffer("action_mask", mask, persistent=False)
 
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``policy.json`` (the env's sizes and the ``policy:`` config) and
+        """Write ``policy.json`` (the policy's type, the env's sizes and the ``policy:`` config) and
         ``policy.safetensors``: the policy's own weights, or ``state_dict`` (the full
         weights a sharded engine gathered, see ``omni_rl.engine.checkpoint.export_model``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        spec = {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "config": to_dict(self.config)}
+        spec = {"type": "mlp", "obs_dim": self.obs_dim, "action_dim": self.action_dim, "config": to_dict(self.config)}
         (directory / "policy.json").write_text(json.dumps(spec, indent=2))
         weights = self.state_dict() if state_dict is None else state_dict
         tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
@@ -207,14 +212,32 @@ class FlowPolicy(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **overrides) -> FlowPolicy:
-        """A policy written by ``save_pretrained`` (``OUTPUT_DIR/model`` of a flow_ppo
-        run); ``overrides`` change ``policy:`` fields that leave the weights' shapes
-        alone (e.g. ``method``)."""
+        """The policy ``save_pretrained`` wrote (``OUTPUT_DIR/model`` of a flow_ppo run),
+        of the type it was saved as (its ``policy.json``'s ``type``; none: the state
+        MLP, as checkpoints before it had: a pi0 checkpoint loads as a ``Pi0FlowPolicy``
+        through this class too); ``overrides`` change ``policy:``
+        fields that leave the weights' shapes alone (e.g. ``method``). A subclass asked
+        for a checkpoint of another type says so."""
         directory = Path(directory)
         if not (directory / "policy.json").is_file():
             raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
         spec = json.loads((directory / "policy.json").read_text())
+        kind = spec.get("type", "mlp")
+        if kind not in POLICY_CLASSES:
+            raise OmniRLError(f"{directory}: policy type {kind!r} is not one of {sorted(POLICY_CLASSES)}")
+        module, name = POLICY_CLASSES[kind]
+        saved = getattr(importlib.import_module(module), name)
+        if not issubclass(saved, cls):
+            raise OmniRLError(
+                f"{directory} holds a {kind} policy ({saved.__name__}), not a {cls.__name__}: "
+                "load it with FlowPolicy.from_pretrained"
+            )
         config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
+        return saved.load_saved(directory, spec, config)
+
+    @classmethod
+    def load_saved(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> FlowPolicy:
+        """This type's policy from ``directory``, whose ``policy.json`` reads ``spec``."""
         policy = cls(config, spec["obs_dim"], spec["action_dim"])
         policy.load_state_dict(load_file(directory / "policy.safetensors"))
         return policy

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from omni_rl.algorithms.flow import bounded_std, ode_step, sde_step
-from omni_rl.config import build_section, to_dict
+from omni_rl.config import to_dict
 from omni_rl.errors import OmniRLError
 from omni_rl.models.config import LoRAConfig
 from omni_rl.models.flow_policy import FlowPolicy, mlp
@@ -450,7 +450,7 @@ class Pi0FlowPolicy(FlowPolicy):
         save_file(heads, directory / "policy.safetensors")
         layout = self.encoder.layout
         spec = {
-            "type": "pi0",
+            "type": "pi0",  # what ``FlowPolicy.from_pretrained`` loads it as
             "privileged_dim": self.obs_dim,
             "env_action_dim": self.env_action_dim,
             "layout": None if layout is None else {**vars(layout), "instructions": list(layout.instructions)},
@@ -459,14 +459,9 @@ class Pi0FlowPolicy(FlowPolicy):
         (directory / "policy.json").write_text(json.dumps(spec, indent=2))
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, **overrides) -> Pi0FlowPolicy:
-        """A policy written by ``save_pretrained``; ``overrides`` change ``policy:``
-        fields that leave the weights' shapes alone."""
-        directory = Path(directory)
-        if not (directory / "policy.json").is_file():
-            raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
-        spec = json.loads((directory / "policy.json").read_text())
-        config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
+    def load_saved(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> Pi0FlowPolicy:
+        """The policy in ``directory`` (``FlowPolicy.from_pretrained`` reads its type and
+        config): the backbone from ``backbone/``, the heads from ``policy.safetensors``."""
         layout, processor = spec["layout"], None
         if layout is not None:
             from transformers import AutoProcessor
