@@ -1,4 +1,4 @@
-"""Synthetic video-QA clips whose answers need several frames.
+"""Synthetic video-QA clips whose answers need the frames.
 
 ``write_motion_qa`` renders short clips of coloured squares and writes one row per
 clip, cycling through kinds of question. The four ``KINDS`` are two-option multiple

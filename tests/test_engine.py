@@ -300,7 +300,7 @@ def test_a_tied_weights_gradients_added_in_place_equal_the_plain_ones(
 
     reference = accumulated(plain_model, plain)
     engine = TrainingEngine(in_place, AdamWConfig(lr=1e-3), torch.device("cpu"), 1, precision="fp32")
-    assert engine.head_grad_in_place and in_place.get_input_embeddings().sparse
+    assert engine.tied_grad_in_place is True and in_place.get_input_embeddings().sparse
     taken, choose = [], forward._in_place_grad
     monkeypatch.setattr(forward, "_in_place_grad", lambda weight: taken.append(choose(weight)) or taken[-1])
     got = accumulated(in_place, engine.backward)
@@ -333,7 +333,7 @@ def test_untied_heads_and_other_strategies_keep_the_buffer(tiny_checkpoint, capl
 
     untied, _ = load(tiny_checkpoint("qwen2_5_vl"))
     assert tied_head(untied) is None
-    assert not TrainingEngine(untied, AdamWConfig(lr=1e-3), torch.device("cpu"), 1).head_grad_in_place
+    assert TrainingEngine(untied, AdamWConfig(lr=1e-3), torch.device("cpu"), 1).tied_grad_in_place is None
     frozen, _ = _tied(tiny_checkpoint)
     frozen.get_input_embeddings().weight.requires_grad_(False)
     assert tied_head(frozen) is None
@@ -341,7 +341,7 @@ def test_untied_heads_and_other_strategies_keep_the_buffer(tiny_checkpoint, capl
     engine = TrainingEngine.__new__(TrainingEngine)
     engine.module, engine.strategy = tied, "fsdp"
     with caplog.at_level("INFO", logger="omni_rl.engine.engine"):
-        assert not engine._tied_head_in_place()
+        assert engine._tied_head_in_place() is False
     assert "its weight's gradient is made twice at times" in caplog.text and not tied.get_input_embeddings().sparse
 
 

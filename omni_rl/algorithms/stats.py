@@ -24,11 +24,7 @@ def paired_gain(before: list[float], after: list[float], z: float = 1.96) -> tup
     if len(before) != len(after) or not before:
         raise ValueError(f"need two equal, non-empty lists of scores (got {len(before)} and {len(after)})")
     diffs = [a - b for a, b in zip(after, before, strict=True)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
-    half = z * spread / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return sum(diffs) / len(diffs), *mean_interval(diffs, z)
 
 
 def mean_interval(scores: list[float], z: float = 1.96) -> tuple[float, float]:

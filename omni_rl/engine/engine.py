@@ -193,7 +193,8 @@ class TrainingEngine:
                 "trainer.strategy=ddp: a shared prompt's backward runs in one call with its completions', "
                 "which holds the completions' weight gradients until the prompt's (fsdp and single run them apart)"
             )
-        self.head_grad_in_place = self._tied_head_in_place()
+        self.tied_grad_in_place = self._tied_head_in_place()
+        """None for an untied model; for a tied one, whether its weight gets one gradient."""
         self.trained_names: set[str] = set()
         self.use_optimizer(optimizer, total_steps, schedule, warmup_steps, min_lr_ratio, param_groups, max_grad_norm)
         if self.precision == "bf16-pure":
@@ -202,14 +203,14 @@ class TrainingEngine:
                 "(about 0.4%% of a weight) are lost"
             )
 
-    def _tied_head_in_place(self) -> bool:
+    def _tied_head_in_place(self) -> bool | None:
         """Where the output head is the trained input embedding, whether that weight
         gets one full gradient (``forward.accumulate_in_place``: one process) or, under
         DDP and FSDP2, a second full [V, H] fp32 one beside it at times (said once in
-        the log)."""
+        the log); None where the head is not tied."""
         embedding = tied_head(self.module)
         if embedding is None:
-            return False
+            return None
         if self.strategy != "single":
             log.info(
                 "tied output head under trainer.strategy=%s: its weight's gradient is made twice at times "

@@ -46,7 +46,7 @@ TOKEN_ALIGNED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type
 CHUNK_BYTES = 128 * 2**20
 
 Entropy = Literal["off", "metric", "grad"]
-# head weights whose gradient the chunked head adds into ``.grad`` in place (``accumulate_in_place``)
+# tied weights whose gradient the chunked head adds into ``.grad`` in place (``accumulate_in_place``)
 _IN_PLACE: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()  # by id
 
 
@@ -255,10 +255,9 @@ class _ChunkedHead(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         fp32 = torch.float32  # the buffers' dtype (see the class docstring)
         into = _in_place_grad(weight) if ctx.needs_input_grad[1] else None
-        if into is not None:
-            grad_weight = into
-        else:
-            grad_weight = torch.zeros_like(weight, dtype=fp32) if ctx.needs_input_grad[1] else None
+        grad_weight = into
+        if grad_weight is None and ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight, dtype=fp32)
         grad_bias = torch.zeros_like(bias, dtype=fp32) if bias is not None and ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], per_chunk):
             h, g = hidden[s : s + per_chunk], grad_out[s : s + per_chunk].float()

@@ -743,6 +743,8 @@ def _update(
     stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
     stats["update/micro_batches"] = sum(len(chunks) for chunks in plan)
     stats["update/prompt_backward_apart"] = float(engine.prompt_apart)  # 0 under ddp: one backward call
+    if engine.tied_grad_in_place is not None:
+        stats["update/tied_grad_in_place"] = float(engine.tied_grad_in_place)
     stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
     stats.update(_mismatch_metrics(mismatch, dropped, float(mask.bool().any(-1).sum()), correction))
     return stats
