@@ -317,3 +317,22 @@ def test_exports_are_written_in_the_checkpoints_dtype_and_load_back_the_trained_
         assert all(torch.equal(v, trained[k]) for k, v in back.state_dict().items()), name
         start = load(source)[0].state_dict()
         assert any(not torch.equal(v, start[k]) for k, v in back.state_dict().items())  # the step moved them
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_5_omni"])
+def test_a_loaded_model_keeps_transformers_own_layers_through_train_and_eval(tiny_checkpoint, family, monkeypatch):
+    """transformers 5.25 loads with hub kernels on by default and swaps layers for
+    downloaded ones whenever the mode flips (``model.train()``) on a device that has
+    some: a GPU run would fetch code at run time and train other numerics than the tests
+    check. The loader turns them off, so no mode switch ever reaches ``kernelize``."""
+    import transformers.modeling_utils
+
+    def no_kernelize(*args, **kwargs):
+        raise AssertionError("kernelize was called")
+
+    monkeypatch.setattr(transformers.modeling_utils, "kernelize", no_kernelize)
+    model, _ = load(tiny_checkpoint(family))
+    assert model.use_kernels is False
+    model.train()
+    model.eval()
+    model.train()

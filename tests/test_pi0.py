@@ -765,3 +765,17 @@ def test_a_pi0_run_resumed_from_a_checkpoint_repeats_the_uninterrupted_one(tiny_
     for part in ("policy.safetensors", "backbone/model.safetensors"):
         a, b = (load_file(tmp_path / name / "model" / part) for name in ("a", "b"))
         assert all(torch.equal(a[k], b[k]) for k in a), part
+
+
+def test_a_pi0_backbone_keeps_transformers_own_layers_through_train_and_eval(tiny_pi0, monkeypatch):
+    """No hub kernels on load, so no mode switch swaps a layer (see test_loading)."""
+    import transformers.modeling_utils
+
+    def no_kernelize(*args, **kwargs):
+        raise AssertionError("kernelize was called")
+
+    monkeypatch.setattr(transformers.modeling_utils, "kernelize", no_kernelize)
+    backbone = Pi0Backbone.from_pretrained(tiny_pi0)
+    assert backbone.model.use_kernels is False
+    backbone.model.train()
+    backbone.model.eval()

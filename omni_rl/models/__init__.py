@@ -103,10 +103,15 @@ def fill_sharded(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def _read(path: Path, family: Family, dtype: torch.dtype) -> torch.nn.Module:
-    """The whole model of the checkpoint at ``path``, read by its family's loader."""
+    """The whole model of the checkpoint at ``path``, read by its family's loader.
+
+    Every loader passes ``use_kernels=False``: transformers would otherwise swap layers
+    for kernels fetched from the Hub whenever the mode flips (``model.train()``) on a
+    GPU, which downloads code at run time and trains other numerics than the tests check.
+    """
     if family.loader is not None:
         return family.loader(path, dtype)
-    return family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True)
+    return family.model_cls().from_pretrained(path, dtype=dtype, local_files_only=True, use_kernels=False)
 
 
 def build_tiny(family: str, out: str | Path, seed: int = 0, width: int = 64, audio_seconds: int = 30) -> Path:

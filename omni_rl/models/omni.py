@@ -87,7 +87,12 @@ def load_thinker(path: str | Path, dtype: torch.dtype, thinker_class: type, empt
     else:
         renaming = {r"^thinker\.": ""}
         model = thinker_class.from_pretrained(
-            path, config=config.thinker_config, key_mapping=renaming, dtype=dtype, local_files_only=True
+            path,
+            config=config.thinker_config,
+            key_mapping=renaming,
+            dtype=dtype,
+            local_files_only=True,
+            use_kernels=False,
         )
         # transformers reverts the renamings it loaded with when saving; the thinker saves
         # as a thinker (no "thinker." prefix), so that one is forgotten

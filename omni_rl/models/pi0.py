@@ -170,7 +170,7 @@ class Pi0Backbone(nn.Module):
     def from_pretrained(cls, path: str | Path, **kwargs) -> Pi0Backbone:
         from transformers import PI0ForConditionalGeneration
 
-        return cls(PI0ForConditionalGeneration.from_pretrained(path, **kwargs))
+        return cls(PI0ForConditionalGeneration.from_pretrained(path, use_kernels=False, **kwargs))
 
     def train_vlm(self, on: bool) -> None:
         """Whether the VLM (vision tower, projector, language model) trains, or only its
