@@ -119,3 +119,83 @@ def test_prompts_of_one_padding_share_one_call_whose_rows_equal_a_call_each():
         grads_b = _kernel_backward(grad[one], query[one], keys[one], values[one], None, out_b, lse_b, 0.2, extra_b)
         for whole, alone in zip(grads, grads_b, strict=True):
             torch.testing.assert_close(alone, whole[one], rtol=0, atol=0)
+
+
+class CudaKernelContract:
+    """CPU stand-ins for the CUDA memory-efficient attention kernels that the CUDA path
+    calls (``aten._scaled_dot_product_efficient_attention`` and its backward), holding
+    the inputs to what the CUDA kernels assume without checking, then computing with
+    the CPU kernels. Read from PyTorch's ``attention_backward.cu`` and the kernel's
+    parameters: the backward kernel takes ``out``'s batch and head strides but not its
+    row stride, which it takes to be heads * head_dim (``o_strideM``), so ``out`` must
+    be laid out [B, M, h, D] as the forward kernel returns it; the log-sum-exps are
+    padded to a multiple of 32 rows, fp32, rows contiguous; q, k, v and the bias have a
+    contiguous last dimension, and the bias has the query's dtype and shape [B, h, M, K].
+    A violation on a GPU reads past the tensor (an illegal memory access) or the wrong
+    rows (non-finite gradients); here it fails the test."""
+
+    def __init__(self):
+        self.calls = {"forward": 0, "backward": 0}
+
+    @staticmethod
+    def _check_inputs(query, key, value, bias):
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            assert t.stride(-1) == 1, f"{name}: last dimension not contiguous"
+        if bias is not None:
+            assert bias.dtype == query.dtype, "bias dtype differs from the query's"
+            assert bias.stride(-1) == 1, "bias: last dimension not contiguous"
+            assert tuple(bias.shape) == (*query.shape[:3], key.shape[2]), f"bias shape {tuple(bias.shape)}"
+
+    def _scaled_dot_product_efficient_attention(self, query, key, value, bias, lse_wanted, dropout, causal, scale):
+        self.calls["forward"] += 1
+        self._check_inputs(query, key, value, bias)
+        assert lse_wanted and dropout == 0.0 and not causal
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=bias, scale=scale
+        )
+        rows = query.shape[2]
+        padded = torch.nn.functional.pad(lse, (0, -rows % 32), value=float("nan"))  # never to be read
+        as_cuda = out.transpose(1, 2).contiguous().transpose(1, 2)  # [B, M, h, D] in memory
+        return as_cuda, padded, torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+
+    def _scaled_dot_product_efficient_attention_backward(
+        self, grad, query, key, value, bias, out, lse, seed, offset, dropout, wanted, causal, scale
+    ):
+        self.calls["backward"] += 1
+        self._check_inputs(query, key, value, bias)
+        rows, heads, dim = query.shape[2], out.shape[1], out.shape[3]
+        assert out.stride(-1) == 1 and out.stride(2) == heads * dim, (
+            f"out strides {out.stride()}: the kernel reads row m at m * {heads * dim}"
+        )
+        assert lse.dtype == torch.float32 and lse.stride(-1) == 1 and lse.shape[-1] == rows + (-rows % 32)
+        assert dropout == 0.0 and list(wanted) == [True, True, True, False] and not causal
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, query, key, value, out, lse[..., :rows].contiguous(), 0.0, False, attn_mask=bias, scale=scale
+        )
+        return dq, dk, dv, None
+
+    def __getattr__(self, name):  # the CPU kernels the stand-ins do not replace
+        return getattr(torch.ops.aten, name)
+
+
+@pytest.mark.parametrize("starts", [[0, 0], [2, 0], [0, 7]])
+def test_the_cuda_path_holds_the_cuda_kernels_input_contract(starts, monkeypatch):
+    """The CUDA path (its kernels replaced by ``CudaKernelContract``) equals dense
+    attention with gradients; a layout the CUDA kernels do not read as meant fails."""
+    from omni_rl.models import block_attention
+
+    kernels = CudaKernelContract()
+    monkeypatch.setattr(block_attention, "aten", kernels)
+    monkeypatch.setattr(block_attention, "_on_cuda", lambda query: True)
+    query, key, value, pk, pv = inputs()
+    bias = own_bias(None, 2, query.shape[2], key.shape[2], query.dtype, query.device)
+    got = GroupAttention.apply(query, key, value, bias, 0.2, 3, starts, pk, pv)
+    want = dense_reference(query, key, value, pk, pv, starts, 3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    weights = torch.randn_like(got)
+    grads = torch.autograd.grad((got * weights).sum(), (query, key, value, pk, pv))
+    wanted = torch.autograd.grad((want * weights).sum(), (query, key, value, pk, pv))
+    for name, g, w in zip(["query", "key", "value", "prompt key", "prompt value"], grads, wanted, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
+    calls = 1 + len(block_attention.same_start(starts, pk.shape[2]))
+    assert kernels.calls == {"forward": calls, "backward": calls}

@@ -37,9 +37,14 @@ aten = torch.ops.aten
 CUDA_LSE_ALIGN = 32
 
 
+def _on_cuda(query: torch.Tensor) -> bool:
+    """Whether the fused calls on ``query`` go to the CUDA memory-efficient kernels."""
+    return query.device.type == "cuda"
+
+
 def _kernel(query, key, value, bias, scale) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """(out [B, h, M, D], lse [B, h, M] fp32, what backward needs) of one fused call."""
-    if query.device.type == "cuda":
+    if _on_cuda(query):
         out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, True, 0.0, False, scale=scale
         )
@@ -52,7 +57,7 @@ def _kernel(query, key, value, bias, scale) -> tuple[torch.Tensor, torch.Tensor,
 
 def _kernel_backward(grad, query, key, value, bias, out, lse, scale, extra) -> tuple[torch.Tensor, ...]:
     """(d query, d key, d value) of one fused call, given the merged out and lse."""
-    if query.device.type == "cuda":
+    if _on_cuda(query):
         rows = lse.shape[-1]
         padded = torch.nn.functional.pad(lse, (0, -rows % CUDA_LSE_ALIGN))
         seed, offset = extra
@@ -62,7 +67,7 @@ def _kernel_backward(grad, query, key, value, bias, out, lse, scale, extra) -> t
             key,
             value,
             bias,
-            out,
+            _rows_heads_major(out),
             padded,
             seed,
             offset,
@@ -75,6 +80,14 @@ def _kernel_backward(grad, query, key, value, bias, out, lse, scale, extra) -> t
     return aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad, query, key, value, out, lse, 0.0, False, attn_mask=bias, scale=scale
     )
+
+
+def _rows_heads_major(out: torch.Tensor) -> torch.Tensor:
+    """``out`` [B, h, M, D] laid out [B, M, h, D] in memory, as the CUDA kernel returns
+    it: its backward takes ``out``'s batch and head strides but reads row m at m * h * D
+    whatever the tensor's own row stride (the merged output here is [B, h, M, D]
+    contiguous, so it would read past the tensor)."""
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def fold_heads(x: torch.Tensor, kv_heads: int, rows_per_block: int = 1) -> torch.Tensor:
@@ -121,7 +134,7 @@ def own_bias(attention_mask: torch.Tensor | None, groups: int, queries: int, key
 def _cuda_aligned(bias: torch.Tensor | None, query: torch.Tensor, heads: int) -> torch.Tensor | None:
     """The bias as the CUDA kernel takes it: [B, h, M, K] (broadcast views) over a last
     dimension padded to a multiple of 16 elements."""
-    if bias is None or query.device.type != "cuda":
+    if bias is None or not _on_cuda(query):
         return bias
     keys = bias.shape[-1]
     padded = torch.nn.functional.pad(bias, (0, -keys % 16))[..., :keys]
