@@ -21,6 +21,7 @@
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
 #   SIM_ONLY=1 tools/gpu_check.sh # the ManiSkill GPU run alone (one GPU)
 #   PI0_ONLY=1 tools/gpu_check.sh # the pi_0 run alone (one GPU, about 80 GB)
+#   OFF_ONLY=1 tools/gpu_check.sh # the one-step-off pair alone (one GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -73,9 +74,43 @@ PYEOF
     --set policy.path="$WORK/pi0/model" --demo-chunks 1000 | tail -n 1 | sed 's/^/gpu_check pi0 traced: /'
 }
 
+prepare_3b() {
+  [ -f "$WORK/model/config.json" ] || "$PY" tools/random_model.py --shape 3b --out "$WORK/model" --dtype float32
+  [ -f "$WORK/data/data.jsonl" ] || "$PY" tools/make_synthetic_media.py --out "$WORK/data" --videos 16 --seconds 8
+}
+
+off_check() {
+  echo "gpu_check: one-step-off rollout (rollout.staleness: 1): 1 trainer and 1 rollout process on GPU 0, 5 steps,"
+  echo "  beside the same config synchronous in one process (trainer.strategy: single)"
+  for staleness in 0 1; do
+    rm -rf "$WORK/off$staleness"
+    timeout 900 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node=$((1 + staleness)) -m omni_rl train \
+      configs/gpu_check_grpo_3b.yaml --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" \
+      --set run.output_dir="$WORK/off$staleness" --set trainer.strategy=single --set rollout.staleness=$staleness \
+      --set trainer.dist_timeout_minutes=5
+  done
+  "$PY" - "$WORK/off0/metrics.jsonl" "$WORK/off1/metrics.jsonl" <<'PYEOF'
+import json, statistics, sys
+runs = [[json.loads(line) for line in open(path)][1:] for path in sys.argv[1:]]  # step 1 pays for warm-up
+step = [statistics.median(r["time/step"] for r in rows) for rows in runs]
+waits = [r["time/rollout_wait"] for r in runs[1] if "time/rollout_wait" in r]  # the last step waits for none
+print(f"gpu_check one-step-off: s/step synchronous {step[0]:.2f}, one-step-off {step[1]:.2f} "
+      f"(trainer waited {statistics.median(waits):.2f} s for batches, "
+      f"rollout process waited {statistics.median(r['rollout_process/weights_wait_s'] for r in runs[1]):.2f} s for weights), "
+      f"speedup sync/async = {step[0] / step[1]:.2f}, staleness {[r['rollout/staleness'] for r in runs[1]]}, "
+      f"trainer's peak allocated {[max(r.get('memory/peak_allocated_gb', float('nan')) for r in rows) for rows in runs]} GiB")
+PYEOF
+}
+
 if [ "${PI0_ONLY:-0}" = 1 ]; then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "gpu_check: needs a CUDA GPU" >&2; exit 1; }
   pi0_check
+  exit 0
+fi
+if [ "${OFF_ONLY:-0}" = 1 ]; then
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "gpu_check: needs a CUDA GPU" >&2; exit 1; }
+  prepare_3b
+  off_check
   exit 0
 fi
 if [ "${SIM_ONLY:-0}" = 1 ]; then
@@ -87,8 +122,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= $GP
   echo "gpu_check: needs $GPUS CUDA GPU(s); found $("$PY" -c 'import torch; print(torch.cuda.device_count())')" >&2
   exit 1
 fi
-[ -f "$WORK/model/config.json" ] || "$PY" tools/random_model.py --shape 3b --out "$WORK/model" --dtype float32
-[ -f "$WORK/data/data.jsonl" ] || "$PY" tools/make_synthetic_media.py --out "$WORK/data" --videos 16 --seconds 8
+prepare_3b
 rm -rf "$WORK/run"
 start=$(date +%s)
 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node="$GPUS" -m omni_rl train configs/gpu_check_grpo_3b.yaml \
@@ -126,24 +160,7 @@ PYEOF
     --set run.output_dir="$WORK/mixed" --set trainer.steps=2 --set trainer.dist_timeout_minutes=5
   echo "gpu_check mixed: $(wc -l < "$WORK/mixed/metrics.jsonl") steps logged, no hang"
 fi
-echo "gpu_check: one-step-off rollout (rollout.staleness: 1): 1 trainer and 1 rollout process on GPU 0, 5 steps,"
-echo "  beside the same config synchronous in one process (trainer.strategy: single)"
-for staleness in 0 1; do
-  rm -rf "$WORK/off$staleness"
-  timeout 900 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node=$((1 + staleness)) -m omni_rl train \
-    configs/gpu_check_grpo_3b.yaml --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" \
-    --set run.output_dir="$WORK/off$staleness" --set trainer.strategy=single --set rollout.staleness=$staleness \
-    --set trainer.dist_timeout_minutes=5
-done
-"$PY" - "$WORK/off0/metrics.jsonl" "$WORK/off1/metrics.jsonl" <<'PYEOF'
-import json, statistics, sys
-runs = [[json.loads(line) for line in open(path)][1:] for path in sys.argv[1:]]  # step 1 pays for warm-up
-step = [statistics.median(r["time/step"] for r in rows) for rows in runs]
-print(f"gpu_check one-step-off: s/step synchronous {step[0]:.2f}, one-step-off {step[1]:.2f} "
-      f"(trainer waited {statistics.median(r['time/rollout_wait'] for r in runs[1]):.2f} s for batches, "
-      f"rollout process waited {statistics.median(r['rollout_process/weights_wait_s'] for r in runs[1]):.2f} s for weights), "
-      f"speedup sync/async = {step[0] / step[1]:.2f}, staleness {[r['rollout/staleness'] for r in runs[1]]}")
-PYEOF
+off_check
 echo "gpu_check: one GRPO update on a 64-frame video, shared prompt (omni) against a copy per completion (peer)"
 "$PY" tools/bench_memory.py --device cuda --model "$WORK/model" --frames 64 --size 448 --new-tokens 256 \
   --checkpointing --runs omni:8,peer:8
