@@ -399,3 +399,17 @@ def test_a_tied_weight_never_has_two_full_gradients(tmp_path):
         peaks[mode] = float(done.stdout.split()[-1])
     full = 200_000 * 256 * 4 / 2**20
     assert peaks["plain"] >= 0.9 * full and peaks["in_place"] <= 0.3 * full, peaks
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_data_parallel_strategy_in_one_process_is_refused_with_the_fix(strategy):
+    """One process joins no process group, so FSDP2 and DDP failed deep inside torch
+    (no RANK in the environment, no default group); the choice is refused before the
+    model loads, naming what works."""
+    from omni_rl.engine.engine import resolve_strategy
+
+    with pytest.raises(OmniRLError, match=rf"trainer.strategy: {strategy} needs torchrun with 2 or more processes"):
+        resolve_strategy(strategy, 1, in_group=False)
+    assert resolve_strategy(strategy, 2, in_group=True) == strategy
+    assert resolve_strategy(strategy, 1, in_group=True) == strategy  # a tracer's fake group of one
+    assert resolve_strategy("auto", 1, in_group=False) == "single" and resolve_strategy("auto", 2, True) == "fsdp"

@@ -124,9 +124,11 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= $GP
 fi
 prepare_3b
 rm -rf "$WORK/run"
+one=()  # FSDP2 needs 2 or more processes: one GPU trains in one process
+[ "$GPUS" -ge 2 ] || one=(--set trainer.strategy=single)
 start=$(date +%s)
 "$(dirname "$PY")/torchrun" --standalone --nproc-per-node="$GPUS" -m omni_rl train configs/gpu_check_grpo_3b.yaml \
-  --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" --set run.output_dir="$WORK/run"
+  --set model.path="$WORK/model" --set data.train="$WORK/data/data.jsonl" --set run.output_dir="$WORK/run" "${one[@]}"
 echo "gpu_check: the run took $(( $(date +%s) - start )) s (model load and warm-up included)"
 "$PY" - "$WORK/run/metrics.jsonl" "$GPUS" <<'PYEOF'
 import json, statistics, sys
@@ -142,7 +144,7 @@ print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statist
 PYEOF
 echo "gpu_check: the peak traced on fake tensors for the same config and world (tools/trace_memory.py; at the"
 echo "  media budgets' largest prompt and full-length completions, so at or above the measured peak)"
-"$PY" tools/trace_memory.py configs/gpu_check_grpo_3b.yaml --world "$GPUS" --set model.path="$WORK/model" \
+"$PY" tools/trace_memory.py configs/gpu_check_grpo_3b.yaml --world "$GPUS" --set model.path="$WORK/model" "${one[@]}" \
   --checks warn | tail -n 1 | sed 's/^/gpu_check traced: /'
 if [ "$GPUS" -ge 2 ]; then
   # half the rows without their video: ranks' micro-batches differ in which encoders run

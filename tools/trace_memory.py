@@ -448,7 +448,7 @@ def main() -> None:
     trainer = dataclasses.replace(cfg.trainer, precision=resolve_precision(cfg.trainer.precision, torch.device(target)))
     if cfg.data.prompts_per_step % world:
         raise SystemExit(f"data.prompts_per_step={cfg.data.prompts_per_step} does not divide among {world} ranks")
-    if resolve_strategy(trainer.strategy, world) != "single":
+    if resolve_strategy(trainer.strategy, world, in_group=True) != "single":  # the fake group it joins next
         join_fake_process_group(world)
     if cfg.model.lora is not None:
         raise SystemExit("model.lora: the trace covers full fine-tunes only")

@@ -85,13 +85,19 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def resolve_strategy(strategy: str, world_size: int) -> str:
-    """'auto' -> fsdp with several processes, single with one; a data-parallel choice
-    in one process is a user error (it would silently do nothing)."""
+def resolve_strategy(strategy: str, world_size: int, in_group: bool) -> str:
+    """'auto' -> fsdp with several processes, single with one. ``in_group``: this
+    process has joined a process group (torchrun with several processes, or a tracer's
+    fake group); FSDP2 and DDP need one."""
     if strategy == "auto":
         return "fsdp" if world_size > 1 else "single"
     if strategy == "single" and world_size > 1:
         raise OmniRLError(f"trainer.strategy: single, but torchrun started {world_size} processes; use fsdp or ddp")
+    if strategy in ("fsdp", "ddp") and not in_group:
+        raise OmniRLError(
+            f"trainer.strategy: {strategy} needs torchrun with 2 or more processes (one process joins no "
+            "process group); use single (or auto) for one process"
+        )
     return strategy
 
 
@@ -181,7 +187,7 @@ class TrainingEngine:
         self.ranks = distributed.ranks()
         self.device = device
         self.precision = resolve_precision(precision, device)
-        self.strategy = resolve_strategy(strategy, self.ranks.world_size)
+        self.strategy = resolve_strategy(strategy, self.ranks.world_size, torch.distributed.is_initialized())
         self.max_bad_steps = max_bad_steps
         self.module = model  # the model itself: generate, save_pretrained, named_parameters
         self.model = self._wrap(model)  # what training forwards call

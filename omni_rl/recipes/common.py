@@ -179,7 +179,8 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     # FSDP2 on several processes: built on the meta device, sharded by the engine, then
     # filled from rank 0's read, so a node holds one copy of the weights, not one per rank
     # (LoRA wraps the model before the engine shards it: its adapters need values first)
-    empty = resolve_strategy(cfg.trainer.strategy, run.ranks.world_size) == "fsdp" and run.ranks.distributed
+    strategy = resolve_strategy(cfg.trainer.strategy, run.ranks.world_size, torch.distributed.is_initialized())
+    empty = strategy == "fsdp" and run.ranks.distributed
     empty = empty and cfg.model.lora is None
     if empty and distributed.rollout_rank() is not None:
         # filling shards broadcasts over every process, the rollout process included
