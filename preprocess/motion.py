@@ -10,6 +10,13 @@ not motion between frames: one frame known to be frame t tells the direction exa
 (the first and last frames), the order and the half about 85% of the time, the count
 about 68% (``tests/test_motion.py``).
 
+The ``FRAMELESS_KINDS`` ask the direction, order and count questions of clips that one
+frame does not answer: ``wrap_direction``'s square moves left or right on a torus from
+anywhere, so no frame tells its way; ``adjacent_order``'s red and blue flash back to
+back and ``equal_count``'s one or two flashes show two frame pairs either way, so one
+frame known to be frame t tells them about 57% of the time (the clip's first and last
+pairs, when a flash falls there).
+
 The ``ROUTED_KINDS`` each go to a reward of their own by ``problem_type``: ``heading``,
 which of four ways a square moves (multiple choice A-D, balanced, chance 1/4);
 ``counting``, how many times a square flashes, 0 to 4, answered as a number (the
@@ -34,11 +41,16 @@ from omni_rl.rewards.parsing import interval_iou
 
 KINDS = ("direction", "order", "count", "when")
 ROUTED_KINDS = ("heading", "counting", "grounding")
+FRAMELESS_KINDS = ("wrap_direction", "adjacent_order", "equal_count")
+"""Direction, order and count laid out so that one frame tells (almost) nothing."""
 QUESTIONS = {
     "direction": ("Which way does the square move?", ["left", "right"]),
     "order": ("Which square appears first?", ["red", "blue"]),
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
+    "wrap_direction": ("Which way does the square move?", ["left", "right"]),
+    "adjacent_order": ("Which square appears first?", ["red", "blue"]),
+    "equal_count": ("How many times does the square flash?", ["1", "2"]),
     "heading": ("Which way does the square move?", ["up", "down", "left", "right"]),
     "counting": ("How many times does the square flash? Answer with a number.", ["0", "1", "2", "3", "4"]),
     # answers are drawn (``_span``), not options: one placeholder keeps the cycle simple
@@ -52,6 +64,9 @@ TELLS = {
     "order": "The {} square appears first.",
     "count": "The square flashes {} time(s).",
     "when": "The square shows in the {} half.",
+    "wrap_direction": "The square moves {}.",
+    "adjacent_order": "The {} square appears first.",
+    "equal_count": "The square flashes {} time(s).",
     "heading": "The square moves {}.",
     "counting": "The square flashes {} time(s).",
     "grounding": "The square shows at {} seconds.",
@@ -64,11 +79,14 @@ SIZE = 56
 SQUARE = 14
 """Square side in pixels."""
 TRAVEL = 24
-"""Pixels a ``heading`` square travels over the clip, wrapping around the frame."""
+"""Pixels a ``heading`` or ``wrap_direction`` square travels over the clip, wrapping
+around the frame."""
 SPAN_PAIRS = (1, 2, 3)
 """The lengths, in frame pairs, a ``grounding`` square may show for (drawn alike)."""
 LIT_PAIRS = 4
 """Frame pairs a ``counting`` square shows in all, whatever its count (1 to 4)."""
+MOVES = {"wrap_direction": ((-1, 0), (1, 0)), "heading": ((0, -1), (0, 1), (-1, 0), (1, 0))}
+"""Each option's step (dx, dy) of the kinds that move on a torus, in their options' order."""
 # the colours a square of the direction, count and when kinds may have (red and blue
 # belong to the order kind's question)
 OTHER_COLORS = [c for c in COLORS if c not in ("red", "blue")]
@@ -182,14 +200,29 @@ def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
         half = pairs // 2
         start = int(rng.integers(0, half - length + 1)) + (half if answer == 1 else 0)
         _flash(frames, range(start, start + length), _corner(rng), color)
-    elif kind == "heading":
-        # up, down, left, right: from anywhere on a torus, so that any one frame's
-        # square is alike for every heading
+    elif kind in MOVES:
+        # from anywhere on a torus, so that any one frame's square is alike for every
+        # way it may move: only the motion between frames tells them apart
         x, y = int(rng.integers(0, SIZE)), int(rng.integers(0, SIZE))
-        dx, dy = ((0, -1), (0, 1), (-1, 0), (1, 0))[answer]
+        dx, dy = MOVES[kind][answer]
         for t in range(FRAMES):
             step = round(TRAVEL * t / (FRAMES - 1))
             _wrapped(frames[t], x + dx * step, y + dy * step, color)
+    elif kind == "adjacent_order":
+        # red and blue one pair each, back to back at one corner, anywhere in the clip
+        # (red first for answer 0): a frame shows one colour or none, and only the
+        # clip's first and last pairs can tell which came first
+        first = int(rng.integers(0, pairs - 1))
+        corner = _corner(rng)
+        for p, name in zip((first, first + 1), ("red", "blue") if answer == 0 else ("blue", "red"), strict=True):
+            _flash(frames, range(p, p + 1), corner, name)
+    elif kind == "equal_count":
+        # one flash of two pairs, or two of one pair with a dark pair or more between:
+        # two pairs shown either way, laid out as the counting kind lays its flashes
+        corner = _corner(rng)
+        lengths = [2] if answer == 0 else [1, 1]
+        for first, length in zip(_flash_starts(lengths, pairs, rng), lengths, strict=True):
+            _flash(frames, range(first, first + length), corner, color)
     elif kind == "counting":
         # 0 to 4 flashes that show LIT_PAIRS pairs in all (a count of 1 is one long
         # flash, 4 are four short ones), at least one dark pair between two

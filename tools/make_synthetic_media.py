@@ -10,10 +10,12 @@ which one frame answers. Tones and images get one row each. Writes OUT/data.json
 OUT/truth.jsonl and OUT/media/.
 
 ``--motion``: the video quickstart's clips (``write_motion_qa``): one two-option
-question per clip, cycling through four kinds that need several frames (which way a
-square moves, which of two squares appears first, how many times one flashes, in which
-half one shows); ``--decoy-every K`` makes every K-th question state its answer.
-``--kinds`` picks the kinds, among them those each routed to a reward of its own:
+question per clip, cycling through four kinds whose answers are in the frames (which
+way a square moves, which of two squares appears first, how many times one flashes, in
+which half one shows); ``--decoy-every K`` makes every K-th question state its answer.
+``--kinds`` picks the kinds, among them ``wrap_direction``, ``adjacent_order`` and
+``equal_count``, which one frame does not answer, and those each routed to a reward of
+its own:
 ``heading`` (four-way multiple choice), ``counting`` (a number, 0 to 4) and
 ``grounding`` (a [start, end] span scored by IoU; the tool prints the mean IoU of the
 best answer that ignores the clip). Writes OUT/data.jsonl and OUT/media/.

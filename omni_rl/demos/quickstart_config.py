@@ -35,15 +35,17 @@ FILLED = (
 
 @dataclass
 class QuickstartData:
-    """The synthetic video-QA set of the quickstart: one clip per question, kinds that
-    need several frames (``omni_rl.preprocess.motion``)."""
+    """The synthetic video-QA set of the quickstart: one clip per question, kinds whose
+    answers are in the frames (``omni_rl.preprocess.motion``)."""
 
     kinds: list[str] = field(default_factory=lambda: list(KINDS))
-    """The kinds of question, cycled: the four two-option kinds (default), and any of
-    ``heading`` (four options), ``counting`` (a number, 0 to 4, the ``counting`` reward)
-    and ``grounding`` (a [start, end] span, the ``temporal_grounding`` reward, which
-    needs ``grpo.rollout.max_new_tokens: 32`` to end its answer). The summary gives each
-    kind's chance: a uniform guess, or for grounding the best constant span's IoU."""
+    """The kinds of question, cycled: the four two-option kinds (default); the
+    two-option ``wrap_direction``, ``adjacent_order`` and ``equal_count``, which one
+    frame does not answer; and any of ``heading`` (four options), ``counting`` (a
+    number, 0 to 4, the ``counting`` reward) and ``grounding`` (a [start, end] span,
+    the ``temporal_grounding`` reward, which needs ``grpo.rollout.max_new_tokens: 32``
+    to end its answer). The summary gives each kind's chance: a uniform guess, or for
+    grounding the best constant span's IoU."""
     train_clips: int = 800
     """Training clips (one question each)."""
     heldout_clips: int = 200
