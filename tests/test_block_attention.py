@@ -58,9 +58,9 @@ def test_fold_heads_is_undone_by_unfold_heads():
     torch.testing.assert_close(fold_heads(x, 2)[0, 0, 5:10], x[0, 1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("starts", [[0, 0], [2, 0], [0, 7]])
-def test_group_attention_equals_dense_attention_with_gradients(starts):
-    """Left padding (start 2), and an empty prompt (start = P) attended by nothing."""
+def equal_to_dense_with_gradients(starts: list[int]) -> dict[str, torch.Tensor]:
+    """GroupAttention on ``inputs()`` against ``dense_reference``: outputs and every
+    input's gradient equal within 1e-5; returns the gradients by input name."""
     query, key, value, pk, pv = inputs()
     bias = own_bias(None, 2, query.shape[2], key.shape[2], query.dtype, query.device)
     got = GroupAttention.apply(query, key, value, bias, 0.2, 3, starts, pk, pv)
@@ -69,10 +69,18 @@ def test_group_attention_equals_dense_attention_with_gradients(starts):
     weights = torch.randn_like(got)
     grads = torch.autograd.grad((got * weights).sum(), (query, key, value, pk, pv))
     wanted = torch.autograd.grad((want * weights).sum(), (query, key, value, pk, pv))
-    for name, g, w in zip(["query", "key", "value", "prompt key", "prompt value"], grads, wanted, strict=True):
+    names = ["query", "key", "value", "prompt key", "prompt value"]
+    for name, g, w in zip(names, grads, wanted, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
-        if name.startswith("prompt"):
-            assert not g[0, :, : starts[0]].any()  # no gradient into padding
+    return dict(zip(names, grads, strict=True))
+
+
+@pytest.mark.parametrize("starts", [[0, 0], [2, 0], [0, 7]])
+def test_group_attention_equals_dense_attention_with_gradients(starts):
+    """Left padding (start 2), and an empty prompt (start = P) attended by nothing."""
+    grads = equal_to_dense_with_gradients(starts)
+    for name in ("prompt key", "prompt value"):
+        assert not grads[name][0, :, : starts[0]].any()  # no gradient into padding
 
 
 def test_a_decoding_step_reads_only_the_cache_slots_its_mask_allows():
@@ -187,15 +195,6 @@ def test_the_cuda_path_holds_the_cuda_kernels_input_contract(starts, monkeypatch
     kernels = CudaKernelContract()
     monkeypatch.setattr(block_attention, "aten", kernels)
     monkeypatch.setattr(block_attention, "_on_cuda", lambda query: True)
-    query, key, value, pk, pv = inputs()
-    bias = own_bias(None, 2, query.shape[2], key.shape[2], query.dtype, query.device)
-    got = GroupAttention.apply(query, key, value, bias, 0.2, 3, starts, pk, pv)
-    want = dense_reference(query, key, value, pk, pv, starts, 3)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    weights = torch.randn_like(got)
-    grads = torch.autograd.grad((got * weights).sum(), (query, key, value, pk, pv))
-    wanted = torch.autograd.grad((want * weights).sum(), (query, key, value, pk, pv))
-    for name, g, w in zip(["query", "key", "value", "prompt key", "prompt value"], grads, wanted, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
-    calls = 1 + len(block_attention.same_start(starts, pk.shape[2]))
+    equal_to_dense_with_gradients(starts)
+    calls = 1 + len(block_attention.same_start(starts, inputs()[3].shape[2]))
     assert kernels.calls == {"forward": calls, "backward": calls}
