@@ -41,16 +41,15 @@ from omni_rl.rewards.parsing import interval_iou
 
 KINDS = ("direction", "order", "count", "when")
 ROUTED_KINDS = ("heading", "counting", "grounding")
-FRAMELESS_KINDS = ("wrap_direction", "adjacent_order", "equal_count")
-"""Direction, order and count laid out so that one frame tells (almost) nothing."""
+FRAMELESS = {"wrap_direction": "direction", "adjacent_order": "order", "equal_count": "count"}
+"""Direction, order and count laid out so that one frame tells (almost) nothing: each
+asks its default kind's question, with its options."""
+FRAMELESS_KINDS = tuple(FRAMELESS)
 QUESTIONS = {
     "direction": ("Which way does the square move?", ["left", "right"]),
     "order": ("Which square appears first?", ["red", "blue"]),
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
-    "wrap_direction": ("Which way does the square move?", ["left", "right"]),
-    "adjacent_order": ("Which square appears first?", ["red", "blue"]),
-    "equal_count": ("How many times does the square flash?", ["1", "2"]),
     "heading": ("Which way does the square move?", ["up", "down", "left", "right"]),
     "counting": ("How many times does the square flash? Answer with a number.", ["0", "1", "2", "3", "4"]),
     # answers are drawn (``_span``), not options: one placeholder keeps the cycle simple
@@ -64,13 +63,12 @@ TELLS = {
     "order": "The {} square appears first.",
     "count": "The square flashes {} time(s).",
     "when": "The square shows in the {} half.",
-    "wrap_direction": "The square moves {}.",
-    "adjacent_order": "The {} square appears first.",
-    "equal_count": "The square flashes {} time(s).",
     "heading": "The square moves {}.",
     "counting": "The square flashes {} time(s).",
     "grounding": "The square shows at {} seconds.",
 }
+QUESTIONS.update({kind: QUESTIONS[asks] for kind, asks in FRAMELESS.items()})
+TELLS.update({kind: TELLS[asks] for kind, asks in FRAMELESS.items()})
 FRAMES = 16
 """Frames per clip (8 pairs)."""
 FPS = 8

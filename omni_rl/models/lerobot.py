@@ -54,7 +54,7 @@ NORMALIZER = "normalizer_processor"
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise OmniRLError(f"{path}: no such file (a LeRobot checkpoint holds config.json and model.safetensors)")
+        raise OmniRLError(f"{path}: no such file")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -84,7 +84,7 @@ def pi0_config(lerobot: dict, source: Path, sizes: Path | None = None):
     return PI0Config(**fields)
 
 
-def statistics(source: Path) -> dict[str, list[float]]:
+def normalizer_statistics(source: Path) -> dict[str, list[float]]:
     """PI0Processor's ``state_mean``, ``state_std``, ``actions_mean``, ``actions_std``
     from the normalizer step of ``source``'s ``policy_preprocessor.json``; {} where the
     checkpoint has no normalizer state (the run then says so)."""
@@ -130,7 +130,7 @@ def convert_lerobot_pi0(source: str | Path, out: str | Path, tokenizer: str | Pa
     config = pi0_config(lerobot, source / "config.json", None if sizes is None else Path(sizes))
     if not (source / "model.safetensors").is_file():
         raise OmniRLError(f"{source / 'model.safetensors'}: no such file")
-    stats = statistics(source)
+    stats = normalizer_statistics(source)
     if not stats:
         _log.warning("%s: no normalizer statistics: states and actions will pass unnormalized", source)
     words = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
