@@ -19,7 +19,8 @@ from omni_rl.algorithms.flow import (
     sde_step,
 )
 from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
-from omni_rl.models.flow_policy import FlowPolicy, hybrid_step_weights
+from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, hybrid_step_weights
+from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.sim.episodes import EnvShare, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv
@@ -143,7 +144,8 @@ def test_value_loss_clips_pessimistically_with_huber():
 
 def flow_policy(**fields) -> FlowPolicy:
     """A policy over 6-dim observations and 2-dim actions with these ``policy:`` fields."""
-    return FlowPolicy(FlowPolicyConfig(**fields), 6, 2)
+    config = FlowPolicyConfig(**fields)
+    return FlowPolicy(config, StateBackbone(config, 6, 2))
 
 
 @pytest.mark.parametrize(("method", "mode"), [("flow_noise", None), ("flow_sde", "hybrid"), ("flow_sde", "chain")])
@@ -187,6 +189,66 @@ def clone_fixed_chunk(policy: FlowPolicy, rows: int) -> tuple[torch.Tensor, torc
         loss.backward()
         optimizer.step()
     return obs, target
+
+
+def test_every_policy_type_has_one_backbone_and_the_policy_reads_only_its_interface():
+    """``BACKBONES`` names one ``VelocityBackbone`` per ``policy.type``, each under its
+    own KIND; a backbone written against the interface alone (a constant-velocity field
+    here) samples, scores and clones through the one ``FlowPolicy``."""
+    import typing
+
+    from omni_rl.models.flow_policy import BACKBONES, VelocityBackbone, backbone_class
+
+    assert set(BACKBONES) == set(typing.get_args(typing.get_type_hints(FlowPolicyConfig)["type"]))
+    for kind in BACKBONES:
+        cls = backbone_class(kind, "test")
+        assert issubclass(cls, VelocityBackbone) and cls.KIND == kind
+
+    class Drift(VelocityBackbone):
+        KIND = "drift"
+
+        def __init__(self):
+            super().__init__()
+            self.horizon, self.action_dim, self.env_action_dim = 2, 3, 2
+            self.noise_dims, self.feature_dim, self.privileged_dim = (1, 3), 1, 0
+            self.v = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+
+        def encode(self, obs):
+            return obs[:, :1]
+
+        def velocity(self, x, t, context):
+            return self.v.expand_as(x), context[:, None, :].expand(-1, x.shape[1], -1)
+
+        def critic_features(self, context):
+            return context
+
+        def privileged(self, obs, context=None):
+            raise AssertionError("a critic on features reads no privileged state")
+
+        def save(self, directory, weights):
+            return {}
+
+        @classmethod
+        def load(cls, directory, spec, config):
+            return cls()
+
+    config = FlowPolicyConfig(horizon=2, executed=1, width=8, denoise_steps=2, value_input="features")
+    policy = FlowPolicy(config, Drift())
+    obs = torch.randn(4, 5)
+    drawn = policy.sample(obs, deterministic=True, start=torch.zeros(4, 2, 3))
+    # two Euler steps of a constant field from 0: -v, cut to the env's 2 numbers
+    torch.testing.assert_close(drawn.actions, -policy.backbone.v.detach()[:2].expand(4, 2, 2))
+    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(0))
+    logp, _, value = policy(obs, drawn.chain, drawn.stochastic)
+    torch.testing.assert_close(logp, drawn.logp)
+    torch.testing.assert_close(value, drawn.value)
+    loss = policy.bc_loss(obs, torch.zeros(4, 2, 2), torch.ones(4, 2))
+    loss.backward()
+    assert policy.backbone.v.grad[:2].abs().min() > 0 and policy.backbone.v.grad[2] == 0  # the env's numbers only
+    with pytest.raises(OmniRLError, match="horizon 3: the drift backbone predicts 2"):
+        FlowPolicy(FlowPolicyConfig(horizon=3, executed=1, value_input="features"), Drift())
+    with pytest.raises(OmniRLError, match="value_input obs: the drift critic reads a privileged state"):
+        FlowPolicy(FlowPolicyConfig(horizon=2, executed=1, value_input="obs"), Drift())
 
 
 def test_behaviour_cloning_fits_a_fixed_chunk():

@@ -143,7 +143,7 @@ def test_a_run_exports_its_policy_and_summarizes_as_grpo_does(tmp_path):
     assert sorted(p.name for p in (out / "model").iterdir()) == ["policy.json", "policy.safetensors"]
     assert (out / "model").resolve() == (out / "checkpoints" / "step-00000002" / "model").resolve()
     policy = FlowPolicy.from_pretrained(out / "model")
-    assert policy.config == cfg.policy and (policy.obs_dim, policy.action_dim) == (6, 2)
+    assert policy.config == cfg.policy and (policy.backbone.obs_dim, policy.action_dim) == (6, 2)
     weights = load_file(out / "model" / "policy.safetensors")
     assert all(torch.equal(weights[k], v) for k, v in policy.state_dict().items())
 

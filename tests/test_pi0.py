@@ -47,7 +47,7 @@ def test_the_tiny_checkpoint_loads_and_repeats_by_seed(tiny_pi0, tmp_path):
     from safetensors.torch import load_file
 
     backbone = Pi0Backbone.from_pretrained(tiny_pi0)
-    assert (backbone.chunk, backbone.action_dim, backbone.steps) == (8, 8, 4)
+    assert (backbone.horizon, backbone.action_dim, backbone.steps) == (8, 8, 4)
     again = build_tiny_pi0(tmp_path / "again", seed=0)
     first, second = load_file(tiny_pi0 / "model.safetensors"), load_file(again / "model.safetensors")
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
@@ -70,10 +70,10 @@ def test_the_ode_chain_over_one_prefix_equals_sample_actions(tiny_pi0, chunk):
     ``sample_actions`` on the same noise, and the prefix's cache is left as it was; also
     with the checkpoint loaded for a chunk of another length (as ``policy.horizon`` does)."""
     backbone = Pi0Backbone.from_pretrained(tiny_pi0, **({} if chunk is None else {"chunk_size": chunk})).eval()
-    assert backbone.chunk == (chunk or 8)
+    assert backbone.horizon == (chunk or 8)
     obs = observations(backbone)
     state = obs.pop("state")
-    noise = torch.randn(3, backbone.chunk, backbone.action_dim, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(3, backbone.horizon, backbone.action_dim, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = backbone.model.sample_actions(state=state, noise=noise.clone(), **obs)
         prefix = backbone.encode_prefix(**obs)
@@ -81,8 +81,8 @@ def test_the_ode_chain_over_one_prefix_equals_sample_actions(tiny_pi0, chunk):
         x, delta = noise, 1.0 / backbone.steps
         for step in range(backbone.steps):
             t = torch.full((3,), 1.0 - step * delta)
-            v, tokens = backbone.velocity(prefix, state, x, t)
-            assert tokens.shape == (3, backbone.chunk, backbone.feature_dim)
+            v, tokens = backbone.expert(prefix, state, x, t)
+            assert tokens.shape == (3, backbone.horizon, backbone.feature_dim)
             assert prefix.cache.get_seq_length() == length
             x = ode_step(x, v, delta)
     torch.testing.assert_close(x, want, atol=1e-5, rtol=1e-5)
@@ -96,10 +96,10 @@ def test_the_vlm_runs_once_per_observation_and_only_the_expert_learns(tiny_pi0):
     calls = []
     hook = backbone.model.model.vlm.register_forward_hook(lambda *_: calls.append(1))
     prefix = backbone.encode_prefix(**obs)
-    x = torch.randn(3, backbone.chunk, backbone.action_dim)
+    x = torch.randn(3, backbone.horizon, backbone.action_dim)
     loss = 0
     for t in (1.0, 0.75, 0.5, 0.25):
-        v, _ = backbone.velocity(prefix, state, x, torch.full((3,), t))
+        v, _ = backbone.expert(prefix, state, x, torch.full((3,), t))
         loss = loss + v.square().mean()
     loss.backward()
     hook.remove()
@@ -118,16 +118,15 @@ def test_cameras_that_do_not_match_their_mask_are_refused(tiny_pi0):
         backbone.encode_prefix(**obs)
 
 
-def pi0_policy(tiny_pi0, env_action_dim=None, processor=None, layout=None, **fields):
+def pi0_policy(tiny_pi0, env_action_dim=None, processor=None, layout=None, privileged_dim=0, **fields):
     from omni_rl.config import build_section
+    from omni_rl.models.flow_policy import FlowPolicy
     from omni_rl.models.flow_policy_config import FlowPolicyConfig
-    from omni_rl.models.pi0 import Pi0FlowPolicy
 
     config = build_section(FlowPolicyConfig, {"horizon": 8, "executed": 5, "width": 32, **fields}, "policy")
-    backbone = Pi0Backbone.from_pretrained(tiny_pi0)
-    policy = Pi0FlowPolicy(config, backbone, processor=processor, layout=layout, env_action_dim=env_action_dim)
-    policy.backbone.train_vlm(False)
-    return policy
+    backbone = Pi0Backbone.from_pretrained(tiny_pi0, processor, layout, env_action_dim, privileged_dim)
+    backbone.train_vlm(False)
+    return FlowPolicy(config, backbone)
 
 
 def pi0_observations(policy, batch: int = 3, seed: int = 0):
@@ -176,7 +175,7 @@ def test_the_chain_logprob_is_the_hand_computed_one_and_scoring_repeats_sampling
         hand = -0.5 * drawn.chain[:, 0] ** 2 - 0.5 * math.log(2 * math.pi)
         for k in range(policy.steps):
             x, t = drawn.chain[:, k], torch.full((3,), 1.0 - k / policy.steps)
-            v, tokens = policy.backbone.velocity(prefix, obs.state, x, t)
+            v, tokens = policy.backbone.expert(prefix, obs.state, x, t)
             mean, std = x - v / policy.steps, bounded_std(policy.noise_net(tokens), 0.08, 0.16)
             hand += -0.5 * ((drawn.chain[:, k + 1] - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)
     torch.testing.assert_close(logp, hand, atol=1e-4, rtol=1e-5)
@@ -224,7 +223,7 @@ def test_the_critic_without_a_graph_gives_the_detached_critics_values_and_gradie
     the same values, the same gradients in the value head, none in the expert."""
     policy = pi0_policy(tiny_pi0, method="flow_noise").train(train)
     obs = pi0_observations(policy)
-    features = policy.encoder(obs)
+    features = policy.backbone.encode(obs)
     value = policy.value(obs, features)
     value.square().sum().backward()
     grads = [p.grad.clone() for p in policy.value_head.parameters()]
@@ -232,7 +231,7 @@ def test_the_critic_without_a_graph_gives_the_detached_critics_values_and_gradie
     policy.zero_grad(set_to_none=True)
 
     still = torch.zeros(len(obs), policy.horizon, policy.action_dim)
-    _, tokens = policy.backbone.velocity(features.prefix, features.state, still, torch.ones(len(obs)))
+    _, tokens = policy.backbone.expert(features.prefix, features.state, still, torch.ones(len(obs)))
     plain = policy.value_head(tokens.mean(1).detach()).squeeze(-1)
     plain.square().sum().backward()
     torch.testing.assert_close(value, plain, atol=0, rtol=0)
@@ -305,8 +304,8 @@ def test_cloning_trains_the_input_columns_of_the_padded_numbers(tiny_pi0):
     processor = AutoProcessor.from_pretrained(tiny_pi0)
     policy = pi0_policy(tiny_pi0, env_action_dim=2, processor=processor, layout=layout())
     generator = torch.Generator().manual_seed(7)
-    obs = torch.randint(0, 256, (6, policy.encoder.layout.size), generator=generator).float()
-    obs[:, 3 * policy.encoder.layout.image_size**2] = torch.tensor([0.0, 1.0]).repeat(3)  # instruction indices
+    obs = torch.randint(0, 256, (6, policy.backbone.layout.size), generator=generator).float()
+    obs[:, 3 * policy.backbone.layout.image_size**2] = torch.tensor([0.0, 1.0]).repeat(3)  # instruction indices
     demos = Demos(obs, torch.randn(6, 8, 2, generator=generator), torch.ones(6, 8))
     engine = TrainingEngine(
         policy,
@@ -419,39 +418,40 @@ def test_one_prefix_per_observation_in_sampling_and_scoring(tiny_pi0):
 
 
 def test_a_saved_policy_loads_and_samples_the_same(tiny_pi0, tmp_path):
-    from omni_rl.models.pi0 import Pi0FlowPolicy
+    from omni_rl.models.flow_policy import FlowPolicy
 
     policy = pi0_policy(tiny_pi0).eval()
     obs = pi0_observations(policy)
     policy.save_pretrained(tmp_path / "policy")
-    again = Pi0FlowPolicy.from_pretrained(tmp_path / "policy").eval()
+    again = FlowPolicy.from_pretrained(tmp_path / "policy").eval()
     noise = policy.noise(3, torch.Generator().manual_seed(6))
     torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
 
 
 def test_a_saved_policy_loads_as_the_type_it_was_saved_as(tiny_pi0, tmp_path):
     """``FlowPolicy.from_pretrained`` reads the type the checkpoint was saved as: a pi0
-    checkpoint comes back a ``Pi0FlowPolicy`` that samples what the saved one did, a
-    state-MLP checkpoint a ``FlowPolicy``; the pi0 class asked for an MLP checkpoint,
-    or a checkpoint of an unknown type, says what it holds."""
+    checkpoint comes back on a ``Pi0Backbone`` and samples what the saved one did, a
+    state-MLP checkpoint on a ``StateBackbone``; a checkpoint of an unknown type, or
+    whose weights are another type's, says what it holds."""
     import json
 
     from omni_rl.errors import OmniRLError
-    from omni_rl.models.flow_policy import FlowPolicy
+    from omni_rl.models.flow_policy import FlowPolicy, StateBackbone
     from omni_rl.models.flow_policy_config import FlowPolicyConfig
-    from omni_rl.models.pi0 import Pi0FlowPolicy
 
     policy = pi0_policy(tiny_pi0).eval()
     obs = pi0_observations(policy)
     policy.save_pretrained(tmp_path / "pi0")
     again = FlowPolicy.from_pretrained(tmp_path / "pi0").eval()
-    assert type(again) is Pi0FlowPolicy
+    assert type(again.backbone) is Pi0Backbone
     noise = policy.noise(3, torch.Generator().manual_seed(6))
     torch.testing.assert_close(again.sample(obs, noise=noise).actions, policy.sample(obs, noise=noise).actions)
-    FlowPolicy(FlowPolicyConfig(horizon=4, executed=2), obs_dim=5, action_dim=3).save_pretrained(tmp_path / "mlp")
-    assert type(FlowPolicy.from_pretrained(tmp_path / "mlp")) is FlowPolicy
-    with pytest.raises(OmniRLError, match="holds a mlp policy \\(FlowPolicy\\), not a Pi0FlowPolicy"):
-        Pi0FlowPolicy.from_pretrained(tmp_path / "mlp")
+    config = FlowPolicyConfig(horizon=4, executed=2)
+    FlowPolicy(config, StateBackbone(config, obs_dim=5, action_dim=3)).save_pretrained(tmp_path / "mlp")
+    assert type(FlowPolicy.from_pretrained(tmp_path / "mlp").backbone) is StateBackbone
+    (tmp_path / "mlp" / "policy.safetensors").write_bytes((tmp_path / "pi0" / "policy.safetensors").read_bytes())
+    with pytest.raises(OmniRLError, match=r"policy.safetensors does not match a mlp policy"):
+        FlowPolicy.from_pretrained(tmp_path / "mlp")
     spec = json.loads((tmp_path / "mlp" / "policy.json").read_text())
     spec["type"] = "pi07"
     (tmp_path / "mlp" / "policy.json").write_text(json.dumps(spec))
@@ -463,7 +463,7 @@ def test_vlm_adapters_train_in_the_vlms_place_and_export_merged(tiny_pi0, tmp_pa
     """``policy.vlm_lora``: where the VLM trains only its language model's adapters do
     (the expert always); the exported checkpoint, the adapters merged into plain
     weights, loads without peft and samples what the adapted policy samples."""
-    from omni_rl.models.pi0 import Pi0FlowPolicy
+    from omni_rl.models.flow_policy import FlowPolicy
 
     lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     policy = pi0_policy(tiny_pi0, type="pi0", train_vlm="bc", vlm_lora=lora)
@@ -484,13 +484,11 @@ def test_vlm_adapters_train_in_the_vlms_place_and_export_merged(tiny_pi0, tmp_pa
     noise = policy.noise(3, torch.Generator().manual_seed(6))
     adapted = policy.sample(obs, noise=noise).actions
     policy.save_pretrained(tmp_path / "policy")
-    again = Pi0FlowPolicy.from_pretrained(tmp_path / "policy").eval()
+    again = FlowPolicy.from_pretrained(tmp_path / "policy").eval()
     assert not any(".lora_" in name for name, _ in again.named_parameters())
     torch.testing.assert_close(again.sample(obs, noise=noise).actions, adapted, atol=1e-5, rtol=1e-5)
     plain = pi0_policy(tiny_pi0).eval()
-    plain.load_state_dict(
-        {k: v for k, v in again.state_dict().items() if not k.startswith("encoder.backbone.")}, strict=False
-    )
+    plain.load_state_dict({k: v for k, v in again.state_dict().items() if not k.startswith("backbone.")}, strict=False)
     assert (plain.sample(obs, noise=noise).actions - adapted).abs().max() > 1e-3  # the adapters mattered
 
 
@@ -512,13 +510,13 @@ def test_a_horizon_other_than_the_checkpoints_chunk_is_refused(tiny_pi0):
 
 def test_a_critic_on_a_privileged_state_reads_it_and_needs_its_size(tiny_pi0):
     from omni_rl.config import build_section
+    from omni_rl.models.flow_policy import FlowPolicy
     from omni_rl.models.flow_policy_config import FlowPolicyConfig
-    from omni_rl.models.pi0 import Pi0FlowPolicy
 
     config = build_section(FlowPolicyConfig, {"horizon": 8, "width": 32, "value_input": "obs"}, "policy")
     with pytest.raises(OmniRLError, match="privileged"):
-        Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
-    policy = Pi0FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0), privileged_dim=5)
+        FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0))
+    policy = FlowPolicy(config, Pi0Backbone.from_pretrained(tiny_pi0, privileged_dim=5))
     obs = pi0_observations(policy)
     obs.privileged = torch.randn(3, 5)
     torch.testing.assert_close(policy.value_of(obs), policy.value_head(obs.privileged).squeeze(-1).detach())
@@ -578,7 +576,7 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
     from safetensors.torch import load_file
 
     from omni_rl.models.config import LoRAConfig
-    from omni_rl.models.pi0 import Pi0FlowPolicy
+    from omni_rl.models.flow_policy import FlowPolicy
     from omni_rl.recipe_loader import config_from_dict
     from omni_rl.recipes import flow_ppo
     from omni_rl.sim.experts import collect_demos
@@ -611,7 +609,7 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
     assert bool(vlm_moved) == (train_vlm != "never")
     if train_vlm == "bc_lora":
         assert all("language_model" in k and k.endswith(("q_proj.weight", "v_proj.weight")) for k in vlm_moved)
-    policy = Pi0FlowPolicy.from_pretrained(out / "model").eval()
+    policy = FlowPolicy.from_pretrained(out / "model").eval()
     adapted = Pi0Backbone.from_pretrained(tiny_pi0)
     adapted.add_vlm_lora(LoRAConfig(**lora))
     vlm = {
@@ -621,8 +619,8 @@ def test_flow_ppo_clones_and_trains_a_tiny_pi0_from_pixels_and_language(tiny_pi0
     }[train_vlm]
     ppo_actor = results["trainable_parameters_ppo"] - sum(p.numel() for p in policy.critic_parameters())
     assert results["trainable_parameters_bc"] == ppo_actor + vlm  # PPO trains the critic too, never the VLM
-    assert policy.env_action_dim == 2 and policy.encoder.layout.instructions[0] == "go to the red target"
-    obs = torch.randint(0, 256, (2, policy.encoder.layout.size)).float()
+    assert policy.env_action_dim == 2 and policy.backbone.layout.instructions[0] == "go to the red target"
+    obs = torch.randint(0, 256, (2, policy.backbone.layout.size)).float()
     obs[:, 3 * 32 * 32] = torch.tensor([0.0, 1.0])  # the instruction indices
     assert policy.sample(obs, deterministic=True, start=torch.zeros(2, 8, 8)).actions.shape == (2, 8, 2)
 

@@ -28,7 +28,7 @@ from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine
 from omni_rl.errors import OmniRLError
 from omni_rl.evaluation.during_training import HeldOut
-from omni_rl.models.flow_policy import FlowPolicy
+from omni_rl.models.flow_policy import FlowPolicy, StateBackbone
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.preprocess import cache as cache_module
 from omni_rl.preprocess.cache import MediaCache
@@ -279,7 +279,8 @@ def _heldout(tmp_path: Path, shapes: Path) -> HeldOut:
 def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, monkeypatch):
     """An export that dies inside ``save_pretrained`` (a kill, a full disk) leaves the
     previous ``best/model`` and ``best.json`` as they were; the next export replaces it."""
-    policy = FlowPolicy(FlowPolicyConfig(horizon=2, executed=2, width=8), obs_dim=4, action_dim=2)
+    config = FlowPolicyConfig(horizon=2, executed=2, width=8)
+    policy = FlowPolicy(config, StateBackbone(config, obs_dim=4, action_dim=2))
     engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)
@@ -296,7 +297,7 @@ def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, mon
 
     monkeypatch.setattr(FlowPolicy, "save_pretrained", killed)
     with torch.no_grad():
-        policy.velocity_net[0].weight.add_(1.0)
+        policy.backbone.velocity_net[0].weight.add_(1.0)
     with pytest.raises(KeyboardInterrupt):
         heldout.keep_best({"eval/held/accuracy": 0.5}, 2, engine, None)
     assert _snapshot(best) == before and not _temps(best)
@@ -305,14 +306,16 @@ def test_a_failed_best_model_export_keeps_the_previous_one(tmp_path, shapes, mon
     monkeypatch.setattr(FlowPolicy, "save_pretrained", real)
     heldout.keep_best({"eval/held/accuracy": 0.5}, 3, engine, None)
     assert json.loads((best / "best.json").read_text())["step"] == 3
-    assert FlowPolicy.from_pretrained(best / "model").velocity_net[0].weight.equal(policy.velocity_net[0].weight)
+    again = FlowPolicy.from_pretrained(best / "model")
+    assert again.backbone.velocity_net[0].weight.equal(policy.backbone.velocity_net[0].weight)
     assert not _temps(best)
 
 
 def test_a_kill_between_the_export_renames_keeps_the_previous_best_model(tmp_path, shapes, monkeypatch):
     """The export moves the old directory aside, then renames the new one into place:
     killed in between, the next run's start puts the old one back."""
-    policy = FlowPolicy(FlowPolicyConfig(horizon=2, executed=2, width=8), obs_dim=4, action_dim=2)
+    config = FlowPolicyConfig(horizon=2, executed=2, width=8)
+    policy = FlowPolicy(config, StateBackbone(config, obs_dim=4, action_dim=2))
     engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=1)
     heldout = _heldout(tmp_path, shapes)
     heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)

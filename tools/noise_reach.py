@@ -35,7 +35,7 @@ SAMPLES = 64
 def step_noise_reach(policy, obs: torch.Tensor, generator: torch.Generator) -> list[float]:
     """[K] the action std with noise at step k alone, over ``SAMPLES`` draws per state."""
     o = obs.repeat_interleave(SAMPLES, dim=0)
-    features = policy.encoder(o)
+    features = policy.backbone.encode(o)
     start = policy.start_noise(obs.shape[0], generator).repeat_interleave(SAMPLES, dim=0)
     stds = []
     for k in range(policy.steps):

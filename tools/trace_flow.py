@@ -106,11 +106,12 @@ def env_layout(cfg) -> tuple[object, int]:
 
 
 def build_policy(setup: Pi0Setup, dtype: torch.dtype):
-    """The recipe's pi0 policy (``flow_ppo.pi0_policy``) on the meta device, in ``dtype``
+    """The recipe's pi0 policy (``flow_ppo.pi0_backbone``) on the meta device, in ``dtype``
     (no memory, no initialisation); ``to_empty`` under a fake mode gives it fake storage."""
     from transformers import PI0ForConditionalGeneration
 
-    from omni_rl.models.pi0 import Pi0Backbone, Pi0FlowPolicy
+    from omni_rl.models.flow_policy import FlowPolicy
+    from omni_rl.models.pi0 import Pi0Backbone
 
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -120,18 +121,11 @@ def build_policy(setup: Pi0Setup, dtype: torch.dtype):
     finally:
         torch.set_default_dtype(default)
     with torch.device("meta"):
-        backbone = Pi0Backbone(model)
+        backbone = Pi0Backbone(model, setup.processor, setup.layout, setup.env_action_dim)
         if setup.cfg.policy.vlm_lora is not None:
             backbone.add_vlm_lora(setup.cfg.policy.vlm_lora)
         backbone.train_vlm(False)
-        policy = Pi0FlowPolicy(
-            setup.cfg.policy,
-            backbone,
-            processor=setup.processor,
-            layout=setup.layout,
-            env_action_dim=setup.env_action_dim,
-        )
-    return policy
+        return FlowPolicy(setup.cfg.policy, backbone)
 
 
 def processed(setup: Pi0Setup):
@@ -146,7 +140,7 @@ def processed(setup: Pi0Setup):
 
 
 def fake_observations(one, values: KnownValues):
-    """``Pi0Encoder.observation`` with the processor's host work replaced by its output:
+    """``Pi0Backbone.observation`` with the processor's host work replaced by its output:
     ``one`` repeated over the batch, on the batch's device; the token ids and masks keep
     their values (positions and padding steer the forward), the pixels and states none."""
     from omni_rl.models.pi0 import Pi0Observation
@@ -217,7 +211,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
     tensors; returns (phases by name, facts for the report)."""
     from omni_rl.engine import distributed
     from omni_rl.engine.engine import load_dtype
-    from omni_rl.models.pi0 import Pi0Encoder
+    from omni_rl.models.pi0 import Pi0Backbone
     from omni_rl.recipes import flow_ppo
     from omni_rl.sim.episodes import collect
 
@@ -282,7 +276,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
             stack.enter_context(TensorsFromTensors())
             stack.enter_context(eager_masks(values))
             stack.enter_context(tolist_answered_by(values.tolist))
-            stack.enter_context(mock.patch.object(Pi0Encoder, "observation", fake_observations(one, values)))
+            stack.enter_context(mock.patch.object(Pi0Backbone, "observation", fake_observations(one, values)))
             stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(forget_repeat).remove)
             if world > 1:  # every rank holds rank 0's objects
                 stack.enter_context(mock.patch.object(distributed, "mean_metrics", rank0_row))

@@ -19,7 +19,8 @@ from pathlib import Path
 from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.demos import quickstart_sim
 from omni_rl.demos.quickstart_vla_config import QuickstartVLAConfig
-from omni_rl.models.pi0 import Pi0FlowPolicy, build_tiny_pi0
+from omni_rl.models.flow_policy import FlowPolicy
+from omni_rl.models.pi0 import build_tiny_pi0
 from omni_rl.recipes.flow_ppo import interval_summary
 from omni_rl.sim import make_vec_env
 from omni_rl.sim.episodes import EnvShare, evaluate_success
@@ -35,7 +36,7 @@ def run_seed(cfg: QuickstartVLAConfig, seed: int, out: Path) -> dict:
     evaluation of the trained policy."""
     path = cfg.policy.path or build_tiny_pi0(out / "pi0_tiny", seed=seed, width=cfg.tiny_width())
     result = quickstart_sim.run_seed(cfg, seed, out, policy={"path": str(path)})
-    policy = Pi0FlowPolicy.from_pretrained(out / "flow_ppo" / "model").eval()
+    policy = FlowPolicy.from_pretrained(out / "flow_ppo" / "model").eval()
     swapped = heldout_success(policy, cfg, swap_instructions=True)
     result.update(interval_summary("success_rl_swapped", swapped))
     print(
@@ -45,7 +46,7 @@ def run_seed(cfg: QuickstartVLAConfig, seed: int, out: Path) -> dict:
     return result
 
 
-def heldout_success(policy: Pi0FlowPolicy, cfg: QuickstartVLAConfig, **controls) -> dict:
+def heldout_success(policy: FlowPolicy, cfg: QuickstartVLAConfig, **controls) -> dict:
     """``policy``'s held-out success (and its 95% interval) on the training run's
     evaluation episodes, in envs with ``controls`` beside the config's own."""
     e, t = cfg.env, cfg.trainer

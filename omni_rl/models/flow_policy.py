@@ -2,13 +2,15 @@
 
 The policy maps an observation to a chunk of H actions (the first ``executed`` of
 which are run before the next query) by K denoising steps of a learned velocity field
-(convention and formulas in ``omni_rl.algorithms.flow``). The observation encoder is a
-registered, replaceable part: an MLP over state vectors here; a VLA backbone's
-features can take its place. The critic never moves the actor: it reads either the
-raw observation through a network of its own (``value_input="obs"``, for state
-vectors: features cloned from a few demonstrations describe the states the expert
-visited, not the value of the ones RL reaches) or the encoder's detached features
-(``"features"``, for a backbone whose input is too large for a second network).
+(convention and formulas in ``omni_rl.algorithms.flow``). The velocity field is a
+backbone (``VelocityBackbone``, one per ``policy.type``): MLPs over state vectors
+(``StateBackbone``) or pi_0 (``omni_rl.models.pi0``); the chain, its log-probs, the
+noise head, the critic, the cloning loss and save/load are written once, here. The
+critic never moves the actor: it reads either a privileged state through a network of
+its own (``value_input="obs"``, for state vectors: features cloned from a few
+demonstrations describe the states the expert visited, not the value of the ones RL
+reaches) or the backbone's detached features (``"features"``, for a backbone whose
+input is too large for a second network; pi_RL's critic).
 
 Sampling methods:
   - ``ode``: deterministic, for evaluation;
@@ -35,9 +37,11 @@ import importlib
 import itertools
 import json
 import math
+from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -56,9 +60,9 @@ from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.registry import Registry
 
 ENCODERS: Registry = Registry("observation encoder")
-# each ``policy.type``'s class, imported when a checkpoint of that type is loaded (the
-# pi0 module builds on this one, so it cannot be imported here)
-POLICY_CLASSES = {"mlp": ("omni_rl.models.flow_policy", "FlowPolicy"), "pi0": ("omni_rl.models.pi0", "Pi0FlowPolicy")}
+# each ``policy.type``'s backbone, imported when a policy of that type is loaded (the
+# pi0 module imports transformers' PI0, which a state-vector run never needs)
+BACKBONES = {"mlp": ("omni_rl.models.flow_policy", "StateBackbone"), "pi0": ("omni_rl.models.pi0", "Pi0Backbone")}
 HYBRID_STEPS = ("last", "late", "uniform")
 
 
@@ -158,28 +162,175 @@ class ChunkSample:
     value: torch.Tensor
 
 
+class VelocityBackbone(nn.Module, ABC):
+    """The network behind a ``FlowPolicy``'s velocity field. The policy owns what every
+    backbone shares (the Flow-Noise and Flow-SDE chain, its log-probs, the noise head,
+    the critic, the cloning loss, save and load); a backbone provides:
+
+    - ``encode``: an observation batch once into the context every denoising step reads;
+    - ``velocity``: v at (x_t, t) and the features the noise head reads at that step;
+    - ``critic_features``: what a critic on features reads (``value_input: features``);
+    - ``privileged``: the privileged state a critic on the observation reads (``obs``);
+    - ``to_env`` and ``from_env``: its actions in the env's units and back;
+    - ``save`` and ``load``: what it writes beside the policy's heads.
+
+    Sizes (set by each backbone): ``horizon`` actions of ``action_dim`` numbers, of which
+    the env runs the first ``env_action_dim``; the noise head maps ``noise_dims[0]``
+    features to ``noise_dims[1]`` numbers; ``feature_dim`` and ``privileged_dim`` are
+    the critic's two possible inputs (0: none).
+    """
+
+    KIND: ClassVar[str]  # its policy.type
+    DEFAULT_VALUE_INPUT: ClassVar[str] = "obs"  # value_input when unset
+    HAS_VLM: ClassVar[bool] = False  # whether train_vlm switches a VLM per phase
+    STEPS_IN_ONE_PASS: ClassVar[bool] = False  # scoring runs a chain's K steps as one batch (``repeat``)
+    SAVED_APART: ClassVar[str | None] = None  # the prefix of the weights ``save`` writes itself
+
+    horizon: int
+    action_dim: int
+    env_action_dim: int
+    noise_dims: tuple[int, int]
+    feature_dim: int
+    privileged_dim: int
+
+    @abstractmethod
+    def encode(self, obs):
+        """The context of a batch of observations, computed once per batch."""
+
+    @abstractmethod
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, context) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v [N, H, D], the noise head's input) at x_t [N, H, D] and t [N]."""
+
+    @abstractmethod
+    def critic_features(self, context) -> torch.Tensor:
+        """[N, feature_dim]: what a critic on features reads (the policy detaches it)."""
+
+    @abstractmethod
+    def privileged(self, obs, context=None) -> torch.Tensor:
+        """[N, privileged_dim]: the state a critic on the observation reads."""
+
+    def critic_sizes(self, value_input: str, width: int) -> list[int]:
+        """The critic MLP's layer sizes."""
+        return [self.privileged_dim if value_input == "obs" else self.feature_dim, width, 1]
+
+    def repeat(self, context, times: int):
+        """The context of each observation ``times`` times in a row (``STEPS_IN_ONE_PASS``)."""
+        raise NotImplementedError(f"{type(self).__name__} scores a chain's steps one after another")
+
+    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions in the env's units [..., env_action_dim] as the velocity field reads them."""
+        return actions
+
+    def to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """The velocity field's actions [..., env_action_dim] in the env's units."""
+        return actions
+
+    @abstractmethod
+    def save(self, directory: Path, weights: dict[str, torch.Tensor]) -> dict:
+        """Write what this backbone keeps apart from ``policy.safetensors`` (its weights
+        under ``SAVED_APART``) to ``directory``; returns its fields of ``policy.json``."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> VelocityBackbone:
+        """The backbone ``save`` wrote, its weights outside ``SAVED_APART`` not yet loaded."""
+
+
+def backbone_class(kind: str, where: str) -> type[VelocityBackbone]:
+    """The backbone class of ``policy.type`` ``kind`` (``where`` names the source)."""
+    if kind not in BACKBONES:
+        raise OmniRLError(f"{where}: policy type {kind!r} is not one of {sorted(BACKBONES)}")
+    module, name = BACKBONES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+class StateBackbone(VelocityBackbone):
+    """MLPs over state vectors: a registered observation encoder (``policy.encoder``),
+    and a velocity MLP over the flattened chunk, a sinusoidal time embedding and the
+    encoder's features. The noise head reads the velocity MLP's input."""
+
+    KIND = "mlp"
+    STEPS_IN_ONE_PASS = True
+
+    def __init__(self, config: FlowPolicyConfig, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.obs_dim = self.privileged_dim = obs_dim
+        self.horizon, self.action_dim = config.horizon, action_dim
+        self.env_action_dim = action_dim
+        width = config.width
+        self.encoder = ENCODERS.get(config.encoder)(obs_dim, width)
+        self.feature_dim, flat, self.time_dim = self.encoder.out_dim, config.horizon * action_dim, 32
+        heads = flat + self.time_dim + self.feature_dim
+        self.velocity_net = mlp([heads, width, width, flat])
+        self.noise_dims = (heads, flat)
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(obs)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = torch.cat([x.flatten(1), time_embedding(t, self.time_dim), context], dim=1)
+        return self.velocity_net(heads).view_as(x), heads
+
+    def critic_features(self, context: torch.Tensor) -> torch.Tensor:
+        return context
+
+    def privileged(self, obs: torch.Tensor, context=None) -> torch.Tensor:
+        return obs
+
+    def critic_sizes(self, value_input: str, width: int) -> list[int]:
+        """Two hidden layers on the state: a critic of its own, not a head on features."""
+        return [self.obs_dim, width, width, 1] if value_input == "obs" else [self.feature_dim, width, 1]
+
+    def repeat(self, context: torch.Tensor, times: int) -> torch.Tensor:
+        return context.repeat_interleave(times, dim=0)
+
+    def save(self, directory: Path, weights: dict[str, torch.Tensor]) -> dict:
+        return {"obs_dim": self.obs_dim, "action_dim": self.action_dim}
+
+    @classmethod
+    def load(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> StateBackbone:
+        return cls(config, spec["obs_dim"], spec["action_dim"])
+
+
 class FlowPolicy(nn.Module):
-    """Flow-matching chunk policy with Flow-Noise / Flow-SDE sampling and a value head.
+    """Flow-matching chunk policy with Flow-Noise / Flow-SDE sampling and a value head,
+    over a velocity backbone (``VelocityBackbone``).
+
+    The Flow-Noise noise head is a ``width``-wide MLP on the backbone's step features,
+    its std bounded to [sigma_min, sigma_max]. The critic reads the backbone's detached
+    features (``value_input: features``) or a privileged state through its own MLP
+    (``obs``); it never moves the actor. The chain's log-probability is the sum over its
+    stochastic steps: the likelihood of the chain, which PPO's ratio needs (RLinf's mean
+    over steps rescales the ratio's log by 1/K).
 
     Args:
         config: the architecture and how RL samples it (``FlowPolicyConfig``; its unset
             mode fields take their mode's defaults). ``noise_level`` is read once:
             the recipe anneals the attribute of that name.
-        obs_dim, action_dim: the env's sizes.
+        backbone: the velocity field; its ``horizon`` must be ``config.horizon``.
     """
 
-    def __init__(self, config: FlowPolicyConfig, obs_dim: int, action_dim: int):
+    def __init__(self, config: FlowPolicyConfig, backbone: VelocityBackbone):
         super().__init__()
-        self.config, self.obs_dim, self.action_dim = config, obs_dim, action_dim
-        horizon, width = config.horizon, config.width
+        if config.horizon != backbone.horizon:
+            raise OmniRLError(
+                f"policy.horizon {config.horizon}: the {backbone.KIND} backbone predicts {backbone.horizon} "
+                f"actions a chunk (a pi0 checkpoint: load it with chunk_size={config.horizon})"
+            )
+        self.config, self.backbone = config, backbone
+        self.action_dim, self.env_action_dim = backbone.action_dim, backbone.env_action_dim
         self._read_sampling(config)
-        self.encoder = ENCODERS.get(config.encoder)(obs_dim, width)
-        features, flat, self.time_dim = self.encoder.out_dim, horizon * action_dim, 32
-        self.velocity_net = mlp([flat + self.time_dim + features, width, width, flat])
-        self.noise_net = mlp([flat + self.time_dim + features, width, flat])
-        self.value_input = config.setting("value_input")
-        self.value_head = mlp([obs_dim, width, width, 1] if self.value_input == "obs" else [features, width, 1])
-        self._register_action_mask(action_dim, action_dim)
+        self.value_input = config.value_input or backbone.DEFAULT_VALUE_INPUT
+        if self.value_input == "obs" and backbone.privileged_dim < 1:
+            raise OmniRLError(
+                f"policy.value_input obs: the {backbone.KIND} critic reads a privileged state; give its size"
+            )
+        self.noise_net = mlp([backbone.noise_dims[0], config.width, backbone.noise_dims[1]])
+        self.value_head = mlp(backbone.critic_sizes(self.value_input, config.width))
+        # PPO's ratio and entropy read the numbers the env runs
+        mask = torch.zeros(self.horizon, self.action_dim)
+        mask[: self.executed, : self.env_action_dim] = 1.0
+        self.register_buffer("action_mask", mask, persistent=False)
 
     def _read_sampling(self, config: FlowPolicyConfig) -> None:
         """The chunk's sizes and how RL samples it, from ``config`` (its mode's defaults
@@ -191,55 +342,48 @@ class FlowPolicy(nn.Module):
         self.sigma_min, self.sigma_max = config.setting("sigma_min"), config.setting("sigma_max")
         self.noise_level = config.setting("noise_level")
 
-    def _register_action_mask(self, action_dim: int, executed_dims: int) -> None:
-        """``action_mask`` [H, D]: 1 on the numbers the env runs (the first ``executed``
-        actions' first ``executed_dims`` numbers), what PPO's ratio and entropy read."""
-        mask = torch.zeros(self.horizon, action_dim)
-        mask[: self.executed, :executed_dims] = 1.0
-        self.register_buffer("action_mask", mask, persistent=False)
-
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write ``policy.json`` (the policy's type, the env's sizes and the ``policy:`` config) and
-        ``policy.safetensors``: the policy's own weights, or ``state_dict`` (the full
-        weights a sharded engine gathered, see ``omni_rl.engine.checkpoint.export_model``)."""
+        """Write ``policy.json`` (the backbone's type and fields, the ``policy:`` config),
+        what the backbone keeps apart (a pi0 checkpoint in ``backbone/``) and
+        ``policy.safetensors``: the other weights, of the policy or of ``state_dict``
+        (the full weights a sharded engine gathered, see
+        ``omni_rl.engine.checkpoint.export_model``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        spec = {"type": "mlp", "obs_dim": self.obs_dim, "action_dim": self.action_dim, "config": to_dict(self.config)}
-        (directory / "policy.json").write_text(json.dumps(spec, indent=2))
         weights = self.state_dict() if state_dict is None else state_dict
-        tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+        inner = {k.removeprefix("backbone."): v for k, v in weights.items() if k.startswith("backbone.")}
+        fields = self.backbone.save(directory, inner)
+        spec = {"type": self.backbone.KIND, **fields, "config": to_dict(self.config)}
+        apart = self._saved_apart()
+        tensors = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not (apart and k.startswith(apart))}
         save_file(tensors, directory / "policy.safetensors")
+        (directory / "policy.json").write_text(json.dumps(spec, indent=2))
+
+    def _saved_apart(self) -> str | None:
+        """The prefix of the policy's weights its backbone saves itself."""
+        return None if self.backbone.SAVED_APART is None else f"backbone.{self.backbone.SAVED_APART}"
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **overrides) -> FlowPolicy:
         """The policy ``save_pretrained`` wrote (``OUTPUT_DIR/model`` of a flow_ppo run),
-        of the type it was saved as (its ``policy.json``'s ``type``; none: the state
-        MLP, as checkpoints before it had: a pi0 checkpoint loads as a ``Pi0FlowPolicy``
-        through this class too); ``overrides`` change ``policy:``
-        fields that leave the weights' shapes alone (e.g. ``method``). A subclass asked
-        for a checkpoint of another type says so."""
+        on the backbone its ``policy.json``'s ``type`` names (none: the state MLP, as
+        checkpoints before it had); ``overrides`` change ``policy:`` fields that leave
+        the weights' shapes alone (e.g. ``method``)."""
         directory = Path(directory)
         if not (directory / "policy.json").is_file():
             raise FileNotFoundError(f"{directory}: no policy.json (not a flow-policy checkpoint)")
         spec = json.loads((directory / "policy.json").read_text())
-        kind = spec.get("type", "mlp")
-        if kind not in POLICY_CLASSES:
-            raise OmniRLError(f"{directory}: policy type {kind!r} is not one of {sorted(POLICY_CLASSES)}")
-        module, name = POLICY_CLASSES[kind]
-        saved = getattr(importlib.import_module(module), name)
-        if not issubclass(saved, cls):
-            raise OmniRLError(
-                f"{directory} holds a {kind} policy ({saved.__name__}), not a {cls.__name__}: "
-                "load it with FlowPolicy.from_pretrained"
-            )
+        backbone = backbone_class(spec.get("type", "mlp"), str(directory))
         config = build_section(FlowPolicyConfig, {**spec["config"], **overrides}, "policy")
-        return saved.load_saved(directory, spec, config)
-
-    @classmethod
-    def load_saved(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> FlowPolicy:
-        """This type's policy from ``directory``, whose ``policy.json`` reads ``spec``."""
-        policy = cls(config, spec["obs_dim"], spec["action_dim"])
-        policy.load_state_dict(load_file(directory / "policy.safetensors"))
+        policy = cls(config, backbone.load(directory, spec, config))
+        mismatch = f"{directory}: policy.safetensors does not match a {backbone.KIND} policy"
+        try:
+            missing, unexpected = policy.load_state_dict(load_file(directory / "policy.safetensors"), strict=False)
+        except RuntimeError as err:  # a weight of another shape
+            raise OmniRLError(f"{mismatch}: {err}") from err
+        apart = policy._saved_apart()
+        if unexpected or any(not (apart and k.startswith(apart)) for k in missing):
+            raise OmniRLError(f"{mismatch} (unexpected {sorted(unexpected)[:5]}, missing {sorted(missing)[:5]})")
         return policy
 
     @property
@@ -258,28 +402,29 @@ class FlowPolicy(nn.Module):
         return 1.0 - torch.arange(self.steps, device=device, dtype=torch.float32) * self.delta
 
     def actor_parameters(self) -> list[nn.Parameter]:
-        return [p for name, p in self.named_parameters() if not name.startswith("value_head.")]
+        """What the actor's optimizer holds: the trainable parameters (a frozen VLM's are
+        not), the critic's aside."""
+        return [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("value_head.")]
 
     def critic_parameters(self) -> list[nn.Parameter]:
         return list(self.value_head.parameters())
 
-    def _heads_input(self, x: torch.Tensor, t: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x.flatten(1), time_embedding(t, self.time_dim), features], dim=1)
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, context) -> torch.Tensor:
+        """v(x_t, t | obs): [N, H, D] with t: [N] and the observations' ``context``."""
+        return self.backbone.velocity(x, t, context)[0]
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """v(x_t, t | obs): [N, H, D] with t: [N]."""
-        return self.velocity_net(self._heads_input(x, t, features)).view_as(x)
+    def value(self, obs, context) -> torch.Tensor:
+        """V(obs) [N], from the privileged state or the detached features (``value_input``)."""
+        if self.value_input == "obs":
+            return self.value_head(self.backbone.privileged(obs, context)).squeeze(-1)
+        return self.value_head(self.backbone.critic_features(context).detach()).squeeze(-1)
 
-    def value(self, obs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """V(obs) [N], from the observation or the detached features (``value_input``)."""
-        return self.value_head(obs if self.value_input == "obs" else features.detach()).squeeze(-1)
-
-    def _transition(self, x, t, features):
+    def _transition(self, x, t, context):
         """Velocity, and mean and std of a stochastic step from t (``t``: [N])."""
-        v = self.velocity(x, t, features)
+        v, heads = self.backbone.velocity(x, t, context)
         if self.method == "flow_noise":
-            raw = self.noise_net(self._heads_input(x, t, features)).view_as(x)
-            return v, ode_step(x, v, self.delta), bounded_std(raw, self.sigma_min, self.sigma_max)
+            std = bounded_std(self.noise_net(heads).view_as(x), self.sigma_min, self.sigma_max)
+            return v, ode_step(x, v, self.delta), std
         return v, *sde_step(x, v, t[:, None, None], self.delta, self.noise_level)
 
     def start_noise(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -313,7 +458,7 @@ class FlowPolicy(nn.Module):
     @torch.no_grad()
     def sample(
         self,
-        obs: torch.Tensor,
+        obs,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
         noise: ChunkNoise | None = None,
@@ -321,7 +466,9 @@ class FlowPolicy(nn.Module):
     ) -> ChunkSample:
         """Draw one chunk per observation. The randomness is ``noise`` when given, else
         drawn from ``generator``. ``deterministic`` follows the ODE from the start noise
-        (``start`` [N, H, D], or ``noise.start``, or drawn), for evaluation."""
+        (``start`` [N, H, D], or ``noise.start``, or drawn), for evaluation. The actions
+        are cut to the env's numbers and in its units (``VelocityBackbone.to_env``); the
+        chain keeps every number, in the backbone's units."""
         n = len(obs)
         if deterministic:
             start = start if start is not None else noise.start if noise is not None else self.start_noise(n, generator)
@@ -329,12 +476,14 @@ class FlowPolicy(nn.Module):
         elif noise is None:
             noise = self.noise(n, generator)
         with self._weights_dtype(obs.device):
-            return self._sample(obs, noise, start)
+            drawn = self._sample(obs, noise, start)
+        drawn.actions = self.backbone.to_env(drawn.actions[..., : self.env_action_dim])
+        return drawn
 
-    def _sample(self, obs: torch.Tensor, noise: ChunkNoise | None, start: torch.Tensor | None) -> ChunkSample:
+    def _sample(self, obs, noise: ChunkNoise | None, start: torch.Tensor | None) -> ChunkSample:
         """``noise`` None: the ODE from ``start``."""
         n, device = len(obs), obs.device
-        features = self.encoder(obs)
+        context = self.backbone.encode(obs)
         if noise is None:
             x = start.to(device)
             stochastic = torch.zeros(n, self.steps, dtype=torch.bool, device=device)
@@ -345,7 +494,7 @@ class FlowPolicy(nn.Module):
         times = self.times(device)
         for k in range(self.steps):
             t = times[k].expand(n)
-            v, mean, std = self._transition(x, t, features)
+            v, mean, std = self._transition(x, t, context)
             x = ode_step(x, v, self.delta)
             if noise is not None:
                 x = torch.where(stochastic[:, k, None, None], mean + std * noise.steps[:, k], x)
@@ -356,13 +505,15 @@ class FlowPolicy(nn.Module):
         logp = chain_logprob(
             chain_t, torch.stack(means, 1), torch.stack(stds, 1), stochastic, self.method == "flow_noise"
         )
-        return ChunkSample(x.float(), chain_t, stochastic, logp.float(), self.value(obs, features).float())
+        return ChunkSample(x.float(), chain_t, stochastic, logp.float(), self.value(obs, context).float())
 
     @torch.no_grad()
-    def value_of(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs) [N] outside training (bootstrapping truncated episodes)."""
+    def value_of(self, obs) -> torch.Tensor:
+        """V(obs) [N] outside training (bootstrapping truncated episodes); a critic on the
+        privileged state encodes nothing."""
         with self._weights_dtype(obs.device):
-            return self.value(obs, None if self.value_input == "obs" else self.encoder(obs)).float()
+            context = None if self.value_input == "obs" else self.backbone.encode(obs)
+            return self.value(obs, context).float()
 
     def _weights_dtype(self, device: torch.device):
         """Compute in the weights' dtype where it is not fp32: sampling outside
@@ -372,7 +523,7 @@ class FlowPolicy(nn.Module):
         dtype = next(self.parameters()).dtype
         return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
 
-    def forward(self, obs: torch.Tensor, *tensors: torch.Tensor, bc: bool = False):
+    def forward(self, obs, *tensors: torch.Tensor, bc: bool = False):
         """The training forward, the call data-parallel wrappers hook:
         ``policy(obs, chain, stochastic)`` is :meth:`chain_logprob_value` (PPO);
         ``policy(obs, actions, mask, t, eps, count, bc=True)`` is :meth:`bc_loss`."""
@@ -382,17 +533,26 @@ class FlowPolicy(nn.Module):
         # fp32 (bf16 autocast computes the networks) and no views (FSDP2 hooks warn about those)
         return logp.float(), entropy.float(), value.to(torch.float32, copy=True)
 
-    def chain_logprob_value(self, obs: torch.Tensor, chain: torch.Tensor, stochastic: torch.Tensor):
+    def chain_logprob_value(self, obs, chain: torch.Tensor, stochastic: torch.Tensor):
         """Per-element log-likelihood [N, H, D], mean entropy of the stochastic steps
-        [N] and value [N] of stored chains under the current parameters (with grad)."""
-        n, k = chain.shape[0], self.steps
-        features = self.encoder(obs)
-        x = chain[:, :k].reshape(n * k, self.horizon, self.action_dim)
-        t = self.times(obs.device).to(x.dtype).repeat(n)
-        _, mean, std = self._transition(x, t, features.repeat_interleave(k, dim=0))
-        mean = mean.view(n, k, self.horizon, self.action_dim)
-        std = std.view(n, k, self.horizon, self.action_dim)
-        return *self._chain_scores(chain, mean, std, stochastic), self.value(obs, features)
+        [N] and value [N] of stored chains under the current parameters (with grad).
+        The K steps run as one batch where the backbone can repeat its context, else
+        one after another over the observations' one context."""
+        n, k = len(obs), self.steps
+        context = self.backbone.encode(obs)
+        times = self.times(obs.device).to(chain.dtype)
+        if self.backbone.STEPS_IN_ONE_PASS:
+            x = chain[:, :k].reshape(n * k, *self.chunk_shape)
+            _, mean, std = self._transition(x, times.repeat(n), self.backbone.repeat(context, k))
+            mean, std = mean.view(n, k, *self.chunk_shape), std.view(n, k, *self.chunk_shape)
+        else:
+            means, stds = [], []
+            for step in range(k):
+                _, mean, std = self._transition(chain[:, step], times[step].expand(n), context)
+                means.append(mean)
+                stds.append(std)
+            mean, std = torch.stack(means, 1), torch.stack(stds, 1)
+        return *self._chain_scores(chain, mean, std, stochastic), self.value(obs, context)
 
     def _chain_scores(self, chain, mean, std, stochastic) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain's per-element log-likelihood [N, H, D] under the steps' ``mean`` and
@@ -405,23 +565,34 @@ class FlowPolicy(nn.Module):
 
     def bc_loss(
         self,
-        obs: torch.Tensor,
+        obs,
         actions: torch.Tensor,
         mask: torch.Tensor,
         t: torch.Tensor | None = None,
         eps: torch.Tensor | None = None,
         count: float | None = None,
     ) -> torch.Tensor:
-        """Flow-matching loss on expert chunks: ``actions`` [N, H, D], ``mask`` [N, H]
-        (1 on real actions; chunks cut by an episode's end are padded), averaged over
-        the real action elements. ``t`` [N] and ``eps`` [N, H, D] are drawn when not
-        given; ``count``: the number of real elements to average over (default: this
-        batch's; a process holding part of a larger batch passes the whole batch's)."""
-        features = self.encoder(obs)
+        """Flow-matching loss on expert chunks: ``actions`` [N, H, env numbers] in the
+        env's units, ``mask`` [N, H] (1 on real actions; chunks cut by an episode's end
+        are padded), averaged over the real elements of the env's numbers. The actions
+        are taken to the backbone's units (``from_env``) and zero-padded to its numbers;
+        ``eps`` [N, H, backbone's numbers] noises every number (sampling starts them all
+        from N(0, 1); PI0's own loss, openpi and lerobot draw it so). ``t`` [N] and
+        ``eps`` are drawn when not given; ``count``: the number of real elements to
+        average over (default: this batch's; a process holding part of a larger batch
+        passes the whole batch's)."""
         t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
+        actions = self.backbone.from_env(actions)
+        actions = torch.nn.functional.pad(actions, (0, self.action_dim - actions.shape[-1]))
         eps = torch.randn_like(actions) if eps is None else eps
+        if eps.shape != actions.shape:
+            raise OmniRLError(
+                f"bc_loss: eps {tuple(eps.shape)} must noise the backbone's {self.action_dim} action numbers "
+                f"({tuple(actions.shape)})"
+            )
+        context = self.backbone.encode(obs)
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
-        error = (self.velocity(x_t, t, features) - (eps - actions)) ** 2
+        error = (self.velocity(x_t, t, context) - (eps - actions))[..., : self.env_action_dim] ** 2
         weights = mask[:, :, None].expand_as(error)
         count = weights.sum() if count is None else torch.tensor(float(count), device=obs.device)
         return (error * weights).sum() / count.clamp(min=1.0)

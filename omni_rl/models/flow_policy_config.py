@@ -23,7 +23,6 @@ class FlowPolicyConfig(ModeDefaults):
         "noise_level": 0.5,
         "sde_mode": "hybrid",
         "hybrid_step": "last",
-        "value_input": "obs",
         "logprob": "sum",
         "train_vlm": "bc",
     }
@@ -74,8 +73,10 @@ class FlowPolicyConfig(ModeDefaults):
     """Flow-SDE hybrid's stochastic step: the last one (unset; its noise reaches the action,
     the flow erases earlier noise), drawn with weight k + 1 (late), or uniformly (pi_RL)."""
     value_input: Literal["obs", "features"] | None = None
-    """What the critic reads: the observation through its own MLP (unset), or the
-    encoder's detached features. Refused with ppo.critic_free, which has no critic."""
+    """What the critic reads: a privileged state through its own MLP (obs), or the
+    backbone's detached features; unset: the backbone's choice (obs for type mlp, whose
+    observation is the state; features for pi0). Refused with ppo.critic_free, which
+    has no critic."""
     logprob: Literal["sum", "mean"] | None = None
     """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims
     (unset), or their mean (RLinf). Refused with ppo.ratio element."""

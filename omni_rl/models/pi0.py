@@ -3,7 +3,7 @@ PaliGemma prefix over camera images and an instruction, and a Gemma action exper
 attends to the prefix's keys and values layer by layer).
 
 The prefix is encoded once per observation (``encode_prefix``) and every denoising step
-runs only the action expert over its cache (``Pi0Backbone.velocity``), which also returns
+runs only the action expert over its cache (``Pi0Backbone.expert``), which also returns
 the expert's output tokens: what a noise head and a critic read. The time convention
 is the project's (t from 1 at noise to 0 at data, x_t = t·ε + (1-t)·a, velocity ε - a),
 so ``omni_rl.algorithms.flow`` steps it unchanged. Whether the VLM trains is switched
@@ -13,19 +13,14 @@ always train.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch import nn
 
-from omni_rl.algorithms.flow import bounded_std, ode_step, sde_step
-from omni_rl.config import to_dict
 from omni_rl.errors import OmniRLError
 from omni_rl.models.config import LoRAConfig
-from omni_rl.models.flow_policy import FlowPolicy, mlp
+from omni_rl.models.flow_policy import VelocityBackbone
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.models.shared_prefix import gather_before_backward
 from omni_rl.observations import FlatLayout
@@ -145,32 +140,118 @@ class Pi0Prefix:
     length: int
 
 
-class Pi0Backbone(nn.Module):
-    """A PI0 checkpoint as a velocity field over action chunks.
+@dataclass
+class Pi0Observation:
+    """A batch of observations as pi_0 reads them (``Pi0Backbone``'s inputs), and an
+    optional privileged state only the critic reads (``value_input: obs``)."""
 
-    Observations are what ``PI0Processor`` prepares: ``input_ids`` and ``attention_mask``
-    [B, P] (instruction tokens, image placeholders first), ``pixel_values``
-    [B, cameras, 3, H, W], ``pixel_attention_mask`` [B, cameras] and ``state``
-    [B, max_state_dim].
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    pixel_values: torch.Tensor
+    pixel_attention_mask: torch.Tensor
+    state: torch.Tensor
+    privileged: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def to(self, device) -> Pi0Observation:
+        return Pi0Observation(*(None if v is None else v.to(device) for v in self._parts()))
+
+    def _parts(self) -> tuple:
+        return (
+            self.input_ids,
+            self.attention_mask,
+            self.pixel_values,
+            self.pixel_attention_mask,
+            self.state,
+            self.privileged,
+        )
+
+
+@dataclass
+class Pi0Context:
+    """What the denoising steps of one batch of observations share: the prefix, encoded
+    once, the state, and the privileged state a critic may read."""
+
+    prefix: Pi0Prefix
+    state: torch.Tensor
+    privileged: torch.Tensor | None
+
+
+class Pi0Backbone(VelocityBackbone):
+    """A PI0 checkpoint as a flow policy's velocity field over action chunks.
+
+    Observations are ``Pi0Observation`` batches (what ``PI0Processor`` prepares:
+    ``input_ids`` and ``attention_mask`` [B, P], instruction tokens with image
+    placeholders first, ``pixel_values`` [B, cameras, 3, H, W], ``pixel_attention_mask``
+    [B, cameras] and ``state`` [B, max_state_dim]), or an env's flat observations
+    (``FlatLayout``), which go through ``processor`` first. The noise head reads each
+    output token of the expert (which already encodes x and t); a critic on features
+    reads the detached mean of the expert's tokens for a zero chunk at t = 1 (a
+    function of the observation alone, not of the chain's start noise; the default
+    here: the images are too large for a second network).
+
+    Args:
+        model: the ``PI0ForConditionalGeneration``.
+        processor: its ``PI0Processor``, with the action and state statistics.
+        layout: the env's flat observations; sets ``privileged_dim``.
+        env_action_dim: the env's action numbers (at most the checkpoint's; default all).
+        privileged_dim: the privileged state's size (``value_input: obs``).
     """
 
-    def __init__(self, model):
+    KIND = "pi0"
+    DEFAULT_VALUE_INPUT = "features"
+    HAS_VLM = True
+    SAVED_APART = "model."
+
+    def __init__(
+        self,
+        model,
+        processor=None,
+        layout: FlatLayout | None = None,
+        env_action_dim: int | None = None,
+        privileged_dim: int = 0,
+    ):
         super().__init__()
-        self.model = model
+        self.model, self.processor, self.layout = model, processor, layout
         self.lora_scale: float | None = None  # alpha / rank once the VLM has adapters
         config = model.config
-        self.chunk, self.action_dim = config.chunk_size, config.max_action_dim
+        self.horizon, self.action_dim = config.chunk_size, config.max_action_dim
         self.state_dim, self.steps = config.max_state_dim, config.num_inference_steps
         self.feature_dim = config.dit_config.hidden_size
+        self.noise_dims = (self.feature_dim, self.action_dim)
+        self.env_action_dim = self.action_dim if env_action_dim is None else env_action_dim
+        if not 1 <= self.env_action_dim <= self.action_dim:
+            raise OmniRLError(
+                f"the env's {self.env_action_dim} action numbers do not fit the pi0 checkpoint's {self.action_dim}"
+            )
+        self.privileged_dim = privileged_dim if layout is None else layout.privileged_dim
         # the action expert reads the noisy actions' embeddings, never token ids: its token
         # table (a quarter of a billion numbers in pi_0) gets no gradient and stays frozen
         model.model.dit.embed_tokens.requires_grad_(False)
+        statistics(processor, "actions", torch.zeros(self.env_action_dim))  # other sizes fail here, not mid-run
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs) -> Pi0Backbone:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        processor=None,
+        layout: FlatLayout | None = None,
+        env_action_dim: int | None = None,
+        privileged_dim: int = 0,
+        **model_kwargs,
+    ) -> Pi0Backbone:
+        """The checkpoint at ``path``; ``model_kwargs`` go to transformers' loader
+        (``chunk_size``: pi_0's weights do not depend on it)."""
         from transformers import PI0ForConditionalGeneration
 
-        return cls(PI0ForConditionalGeneration.from_pretrained(path, use_kernels=False, **kwargs))
+        model = PI0ForConditionalGeneration.from_pretrained(path, use_kernels=False, **model_kwargs)
+        return cls(model, processor, layout, env_action_dim, privileged_dim)
 
     def train_vlm(self, on: bool) -> None:
         """Whether the VLM (vision tower, projector, language model) trains, or only its
@@ -217,7 +298,7 @@ class Pi0Backbone(nn.Module):
             gather_before_backward(attention[index], layer.keys, layer.values)
         return Pi0Prefix(cache, attention_mask, cache.get_seq_length())
 
-    def velocity(
+    def expert(
         self, prefix: Pi0Prefix, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(velocity [B, chunk, dims], the expert's output tokens [B, chunk, width]) at
@@ -228,62 +309,11 @@ class Pi0Backbone(nn.Module):
             out = model.model(action_embeds=embeds, attention_mask=prefix.attention_mask, cache=prefix.cache)
         finally:
             prefix.cache.crop(prefix.length - prefix.cache.get_seq_length())  # drop the chunk's keys
-        tokens = out.last_hidden_state[:, -self.chunk :]
+        tokens = out.last_hidden_state[:, -self.horizon :]
         return model.action_out_proj(tokens), tokens
 
-
-@dataclass
-class Pi0Observation:
-    """A batch of observations as pi_0 reads them (``Pi0Backbone``'s inputs), and an
-    optional privileged state only the critic reads (``value_input: obs``)."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    pixel_values: torch.Tensor
-    pixel_attention_mask: torch.Tensor
-    state: torch.Tensor
-    privileged: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def to(self, device) -> Pi0Observation:
-        return Pi0Observation(*(None if v is None else v.to(device) for v in self._parts()))
-
-    def _parts(self) -> tuple:
-        return (
-            self.input_ids,
-            self.attention_mask,
-            self.pixel_values,
-            self.pixel_attention_mask,
-            self.state,
-            self.privileged,
-        )
-
-
-@dataclass
-class Pi0Context:
-    """What the denoising steps of one batch of observations share: the prefix, encoded
-    once, and the state."""
-
-    prefix: Pi0Prefix
-    state: torch.Tensor
-
-
-class Pi0Encoder(nn.Module):
-    """The "encoder" of a pi_0 flow policy: observations to their encoded prefix. Flat
-    observations (``FlatLayout``) go through the checkpoint's processor first."""
-
-    def __init__(self, backbone: Pi0Backbone, processor=None, layout: FlatLayout | None = None):
-        super().__init__()
-        self.backbone, self.processor, self.layout = backbone, processor, layout
-
     def observation(self, obs: Pi0Observation | torch.Tensor) -> Pi0Observation:
-        """``obs`` as the backbone reads it."""
+        """``obs`` as the model reads it."""
         if isinstance(obs, Pi0Observation):
             return obs
         if self.layout is None or self.processor is None:
@@ -294,186 +324,61 @@ class Pi0Encoder(nn.Module):
         inputs.privileged = privileged
         return inputs
 
-    def forward(self, obs: Pi0Observation | torch.Tensor) -> Pi0Context:
+    def encode(self, obs: Pi0Observation | torch.Tensor) -> Pi0Context:
         obs = self.observation(obs)
-        prefix = self.backbone.encode_prefix(
-            obs.input_ids, obs.attention_mask, obs.pixel_values, obs.pixel_attention_mask
-        )
-        return Pi0Context(prefix, obs.state)
+        prefix = self.encode_prefix(obs.input_ids, obs.attention_mask, obs.pixel_values, obs.pixel_attention_mask)
+        return Pi0Context(prefix, obs.state, obs.privileged)
 
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, context: Pi0Context) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.expert(context.prefix, context.state, x, t)
 
-class Pi0FlowPolicy(FlowPolicy):
-    """A ``FlowPolicy`` whose velocity field is pi_0's action expert over an encoded
-    prefix (``Pi0Backbone``), sampled with Flow-Noise or Flow-SDE by the same chain code.
-
-    Flow-Noise's noise head reads each expert output token (which already encodes x and
-    t) through a ``width``-wide MLP, its std bounded to [sigma_min, sigma_max] (pi_RL:
-    [0.08, 0.16]). The critic reads the detached mean of the expert's tokens for a zero
-    chunk at t = 1 (``value_input: features``, the default here: a function of the
-    observation alone, not of the chain's start noise), or a privileged state the actor
-    never sees through its own MLP (``obs``, with ``privileged_dim``). The
-    chain's log-probability is the sum over the stochastic steps, as for the MLP policy:
-    it is the likelihood of the chain, which PPO's ratio needs; RLinf's mean over steps
-    rescales the ratio's log by 1/K.
-
-    Args:
-        config: the ``policy:`` section; ``horizon`` must be the backbone's
-            ``chunk_size`` (the recipe loads it so), and ``width`` sizes the heads.
-        backbone: the PI0 checkpoint.
-        privileged_dim: the privileged state's size (``value_input: obs``).
-    """
-
-    def __init__(
-        self,
-        config: FlowPolicyConfig,
-        backbone: Pi0Backbone,
-        privileged_dim: int = 0,
-        processor=None,
-        layout: FlatLayout | None = None,
-        env_action_dim: int | None = None,
-    ):
-        nn.Module.__init__(self)
-        if config.horizon != backbone.chunk:
-            raise OmniRLError(
-                f"policy.horizon {config.horizon}: a pi0 policy predicts its backbone's chunk_size "
-                f"({backbone.chunk} actions; load it with chunk_size={config.horizon})"
-            )
-        env_action_dim = backbone.action_dim if env_action_dim is None else env_action_dim
-        if not 1 <= env_action_dim <= backbone.action_dim:
-            raise OmniRLError(
-                f"the env's {env_action_dim} action numbers do not fit the pi0 checkpoint's {backbone.action_dim}"
-            )
-        if layout is not None:
-            privileged_dim = layout.privileged_dim
-        self.config, self.obs_dim, self.action_dim = config, privileged_dim, backbone.action_dim
-        self.env_action_dim = env_action_dim
-        self._read_sampling(config)
-        self.value_input = config.value_input or "features"  # the images are too large for a second network
-        if self.value_input == "obs" and privileged_dim < 1:
-            raise OmniRLError("policy.value_input obs: a pi0 critic reads a privileged state; give its size")
-        self.encoder = Pi0Encoder(backbone, processor, layout)
-        features = backbone.feature_dim
-        self.noise_net = mlp([features, config.width, backbone.action_dim])
-        self.value_head = mlp([privileged_dim if self.value_input == "obs" else features, config.width, 1])
-        self._register_action_mask(self.action_dim, env_action_dim)  # PPO reads the numbers the env runs
-        statistics(
-            processor, "actions", torch.zeros(env_action_dim)
-        )  # statistics of another size fail here, not mid-run
-
-    @property
-    def backbone(self) -> Pi0Backbone:
-        return self.encoder.backbone
-
-    def actor_parameters(self) -> list[nn.Parameter]:
-        """What the actor's optimizer holds: the trainable parameters (a frozen VLM's are
-        not), the critic's aside."""
-        return [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith("value_head.")]
-
-    def sample(self, obs, deterministic=False, generator=None, noise=None, start=None):
-        """``FlowPolicy.sample``, the actions cut to the env's numbers (pi_0 pads an
-        action to its ``max_action_dim``; the chain keeps every number) and taken to the
-        env's units (``unnormalize``; the chain stays in pi_0's)."""
-        drawn = super().sample(obs, deterministic, generator, noise, start)
-        drawn.actions = unnormalize(self.encoder.processor, "actions", drawn.actions[..., : self.env_action_dim])
-        return drawn
-
-    def bc_loss(self, obs, actions, mask, t=None, eps=None, count=None) -> torch.Tensor:
-        """``FlowPolicy.bc_loss`` on the env's action numbers: ``actions`` [N, H, env
-        numbers] are zero-padded to the checkpoint's, ``eps`` [N, H, checkpoint's
-        numbers] noises every number (sampling starts them all from N(0, 1); PI0's own
-        loss, openpi and lerobot draw it so), and the loss averages over the env's
-        numbers only. The actions, in the env's units, are normalized first
-        (``normalize``)."""
-        t = torch.rand(actions.shape[0], device=obs.device) if t is None else t
-        actions = normalize(self.encoder.processor, "actions", actions)
-        actions = torch.nn.functional.pad(actions, (0, self.action_dim - actions.shape[-1]))
-        eps = torch.randn_like(actions) if eps is None else eps
-        if eps.shape != actions.shape:
-            raise OmniRLError(
-                f"pi0 bc_loss: eps {tuple(eps.shape)} must noise the checkpoint's {self.action_dim} action numbers "
-                f"({tuple(actions.shape)})"
-            )
-        features = self.encoder(obs)
-        x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * actions
-        error = (self.velocity(x_t, t, features) - (eps - actions))[..., : self.env_action_dim] ** 2
-        weights = mask[:, :, None].expand_as(error)
-        count = weights.sum() if count is None else torch.tensor(float(count), device=obs.device)
-        return (error * weights).sum() / count.clamp(min=1.0)
-
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, features: Pi0Context) -> torch.Tensor:
-        """The action expert's velocity (``FlowPolicy.bc_loss`` reads it)."""
-        return self.backbone.velocity(features.prefix, features.state, x, t)[0]
-
-    def _transition(self, x, t, features: Pi0Context):
-        v, tokens = self.backbone.velocity(features.prefix, features.state, x, t)
-        if self.method == "flow_noise":
-            return v, ode_step(x, v, self.delta), bounded_std(self.noise_net(tokens), self.sigma_min, self.sigma_max)
-        return v, *sde_step(x, v, t[:, None, None], self.delta, self.noise_level)
-
-    def value(self, obs: Pi0Observation | torch.Tensor, features: Pi0Context | None) -> torch.Tensor:
-        if self.value_input == "obs":
-            return self.value_head(self.encoder.observation(obs).privileged).squeeze(-1)
-        n = len(obs)
-        still = torch.zeros(n, self.horizon, self.action_dim, device=obs.device, dtype=features.state.dtype)
+    def critic_features(self, context: Pi0Context) -> torch.Tensor:
+        n, state = context.state.shape[0], context.state
+        still = torch.zeros(n, self.horizon, self.action_dim, device=state.device, dtype=state.dtype)
         with torch.no_grad():  # the critic reads the expert's features, and trains none of the expert
-            _, tokens = self.backbone.velocity(features.prefix, features.state, still, torch.ones(n, device=obs.device))
-        return self.value_head(tokens.mean(1)).squeeze(-1)
+            _, tokens = self.expert(context.prefix, state, still, torch.ones(n, device=state.device))
+        return tokens.mean(1)
 
-    def chain_logprob_value(self, obs: Pi0Observation, chain: torch.Tensor, stochastic: torch.Tensor):
-        """As ``FlowPolicy.chain_logprob_value``, the K steps run one after another over
-        the observations' one encoded prefix."""
-        features = self.encoder(obs)
-        times = self.times(obs.device).to(chain.dtype)
-        means, stds = [], []
-        for k in range(self.steps):
-            _, mean, std = self._transition(chain[:, k], times[k].expand(len(obs)), features)
-            means.append(mean)
-            stds.append(std.expand_as(mean))
-        mean, std = torch.stack(means, 1), torch.stack(stds, 1)
-        return *self._chain_scores(chain, mean, std, stochastic), self.value(obs, features)
+    def privileged(self, obs: Pi0Observation | torch.Tensor, context: Pi0Context | None = None) -> torch.Tensor:
+        if context is not None:
+            return context.privileged
+        if isinstance(obs, Pi0Observation) or self.layout is None:
+            return self.observation(obs).privileged
+        return self.layout.split(obs)[3]
 
-    def save_pretrained(self, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """The backbone as a PI0 checkpoint in ``backbone/`` (what ``from_pretrained`` of
-        transformers reads), the heads in ``policy.safetensors``, the ``policy:`` config
-        in ``policy.json``; ``state_dict``: the full weights a sharded engine gathered."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        weights = self.state_dict() if state_dict is None else state_dict
-        if self.backbone.lora_scale is not None:
-            weights = merge_lora(weights, self.backbone.lora_scale)
-        inner = "encoder.backbone.model."
-        backbone = {k.removeprefix(inner): v for k, v in weights.items() if k.startswith(inner)}
-        self.backbone.model.save_pretrained(directory / "backbone", state_dict=backbone)
-        if self.encoder.processor is not None:
-            self.encoder.processor.save_pretrained(directory / "backbone")
-        heads = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not k.startswith(inner)}
-        save_file(heads, directory / "policy.safetensors")
-        layout = self.encoder.layout
-        spec = {
-            "type": "pi0",  # what ``FlowPolicy.from_pretrained`` loads it as
-            "privileged_dim": self.obs_dim,
+    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
+        return normalize(self.processor, "actions", actions)
+
+    def to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        return unnormalize(self.processor, "actions", actions)
+
+    def save(self, directory: Path, weights: dict[str, torch.Tensor]) -> dict:
+        """The checkpoint in ``backbone/`` (what transformers' ``from_pretrained`` reads,
+        the VLM's adapters merged), with the processor."""
+        if self.lora_scale is not None:
+            weights = merge_lora(weights, self.lora_scale)
+        model = {k.removeprefix(self.SAVED_APART): v for k, v in weights.items() if k.startswith(self.SAVED_APART)}
+        self.model.save_pretrained(directory / "backbone", state_dict=model)
+        if self.processor is not None:
+            self.processor.save_pretrained(directory / "backbone")
+        layout = self.layout
+        return {
+            "privileged_dim": self.privileged_dim,
             "env_action_dim": self.env_action_dim,
             "layout": None if layout is None else {**vars(layout), "instructions": list(layout.instructions)},
-            "config": to_dict(self.config),
         }
-        (directory / "policy.json").write_text(json.dumps(spec, indent=2))
 
     @classmethod
-    def load_saved(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> Pi0FlowPolicy:
-        """The policy in ``directory`` (``FlowPolicy.from_pretrained`` reads its type and
-        config): the backbone from ``backbone/``, the heads from ``policy.safetensors``."""
+    def load(cls, directory: Path, spec: dict, config: FlowPolicyConfig) -> Pi0Backbone:
         layout, processor = spec["layout"], None
         if layout is not None:
             from transformers import AutoProcessor
 
             layout = FlatLayout(**{**layout, "instructions": tuple(layout["instructions"])})
             processor = AutoProcessor.from_pretrained(directory / "backbone")
-        backbone = Pi0Backbone.from_pretrained(directory / "backbone")
-        policy = cls(config, backbone, spec["privileged_dim"], processor, layout, spec["env_action_dim"])
-        missing, unexpected = policy.load_state_dict(load_file(directory / "policy.safetensors"), strict=False)
-        if unexpected or any(not k.startswith("encoder.backbone.") for k in missing):
-            raise OmniRLError(f"{directory}: policy.safetensors does not match a pi0 policy ({unexpected or missing})")
-        return policy
+        return cls.from_pretrained(
+            directory / "backbone", processor, layout, spec["env_action_dim"], spec["privileged_dim"]
+        )
 
 
 def merge_lora(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:

@@ -47,8 +47,8 @@ from omni_rl.engine import distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
-from omni_rl.models.flow_policy import FlowPolicy
-from omni_rl.models.pi0 import Pi0Backbone, Pi0FlowPolicy
+from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, VelocityBackbone
+from omni_rl.models.pi0 import Pi0Backbone
 from omni_rl.observations import FlatLayout
 from omni_rl.recipes.common import (
     MetricsLog,
@@ -161,13 +161,15 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
     observations' layout from ``env``."""
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(stream.get_state())
-        policy = pi0_policy(cfg, env) if cfg.policy.type == "pi0" else FlowPolicy(cfg.policy, obs_dim, action_dim)
+        pi0 = cfg.policy.type == "pi0"
+        backbone = pi0_backbone(cfg, env) if pi0 else StateBackbone(cfg.policy, obs_dim, action_dim)
+        policy = FlowPolicy(cfg.policy, backbone)
         stream.set_state(torch.get_rng_state())
     return policy
 
 
-def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
-    """A pi_0 policy from ``policy.path`` for an env with a camera image and an
+def pi0_backbone(cfg: FlowPPOConfig, env) -> VelocityBackbone:
+    """A pi_0 backbone from ``policy.path`` for an env with a camera image and an
     instruction in its flat observations (``FlatLayout``); its VLM frozen until a phase
     that trains it (``vlm_trains``)."""
     from transformers import AutoProcessor
@@ -179,12 +181,14 @@ def pi0_policy(cfg: FlowPPOConfig, env) -> Pi0FlowPolicy:
             "(PixelTargets-v0 has both)"
         )
     # pi_0's weights do not depend on its chunk's length: the checkpoint predicts policy.horizon actions
-    backbone = Pi0Backbone.from_pretrained(cfg.policy.path, chunk_size=cfg.policy.horizon)
+    processor = AutoProcessor.from_pretrained(cfg.policy.path)
+    backbone = Pi0Backbone.from_pretrained(
+        cfg.policy.path, processor, layout, env.action_dim, chunk_size=cfg.policy.horizon
+    )
     if cfg.policy.vlm_lora is not None:
         backbone.add_vlm_lora(cfg.policy.vlm_lora)
     backbone.train_vlm(False)
-    processor = AutoProcessor.from_pretrained(cfg.policy.path)
-    return Pi0FlowPolicy(cfg.policy, backbone, processor=processor, layout=layout, env_action_dim=env.action_dim)
+    return backbone
 
 
 def vlm_trains(cfg: FlowPPOConfig, phase: str) -> bool:
@@ -589,7 +593,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
         policy = build_policy(cfg, env.obs_dim, env.action_dim, progress.stream, env).to(run.device)
         cloning = run.resume_from is None and bool(cfg.bc.demos)
         demos = load_demos(cfg, policy.horizon, run.device) if cloning or p.bc_coef else None
-        if isinstance(policy, Pi0FlowPolicy):  # what trains: the phase's parameters
+        if policy.backbone.HAS_VLM:  # what trains: the phase's parameters
             policy.backbone.train_vlm(vlm_trains(cfg, "bc" if cloning else "ppo"))
         engine = make_engine(policy, cfg, run)
 
@@ -604,7 +608,7 @@ def train(cfg: FlowPPOConfig, resume: str | None = None) -> dict:
             start_eval = evaluate_policy(engine, env, envs, cfg)
             progress.results.update(interval_summary("success_bc", start_eval), backend=env.backend)
         # PPO's optimizer; a resumed run restores it, the weights, the stream and the results
-        if isinstance(policy, Pi0FlowPolicy):
+        if policy.backbone.HAS_VLM:
             # FSDP2 copies what its shards require to the gathered weights at each gather:
             # the shards must be the registered parameters when the VLM is switched
             engine.reshard()
