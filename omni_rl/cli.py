@@ -151,7 +151,7 @@ def _config_show(args: argparse.Namespace) -> int:
 @command(
     "tiny-model",
     "write a tiny random-init checkpoint of a model family (offline)",
-    arg("--family", required=True, help="model_type, e.g. qwen2_5_vl; or pi0 (a VLA backbone)"),
+    arg("--family", required=True, help="model_type, e.g. qwen2_5_vl; or pi0, pi05 (VLA backbones)"),
     arg("--out", required=True, metavar="DIR", help="output directory"),
     arg("--seed", type=int, default=0, help="initialization seed"),
     arg("--width", type=int, default=64, help="decoder width, a multiple of 32 (64: ~0.2 M params)"),
@@ -159,11 +159,10 @@ def _config_show(args: argparse.Namespace) -> int:
 )
 def _tiny_model(args: argparse.Namespace) -> int:
     from omni_rl.models import FAMILIES, build_tiny
+    from omni_rl.models.flow_policy import BACKBONES, backbone_class
 
-    if args.family == "pi0":  # an action policy's backbone (omni_rl.models.pi0), not a chat model
-        from omni_rl.models.pi0 import build_tiny_pi0
-
-        out = build_tiny_pi0(args.out, seed=args.seed, width=args.width)
+    if args.family in BACKBONES and backbone_class(args.family, "--family").HAS_VLM:  # a VLA policy's backbone
+        out = backbone_class(args.family, "--family").build_tiny(args.out, seed=args.seed, width=args.width)
     else:
         FAMILIES.canonical(args.family)  # unknown family: a one-line error listing the known ones
         out = build_tiny(args.family, args.out, seed=args.seed, width=args.width, audio_seconds=args.audio_seconds)

@@ -19,8 +19,8 @@ from omni_rl.algorithms.flow import (
     sde_step,
 )
 from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
-from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, hybrid_step_weights
 from omni_rl.errors import OmniRLError
+from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, hybrid_step_weights
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
 from omni_rl.sim.episodes import EnvShare, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv
@@ -202,7 +202,7 @@ def test_every_policy_type_has_one_backbone_and_the_policy_reads_only_its_interf
     assert set(BACKBONES) == set(typing.get_args(typing.get_type_hints(FlowPolicyConfig)["type"]))
     for kind in BACKBONES:
         cls = backbone_class(kind, "test")
-        assert issubclass(cls, VelocityBackbone) and cls.KIND == kind
+        assert issubclass(cls, VelocityBackbone) and kind == cls.KIND
 
     class Drift(VelocityBackbone):
         KIND = "drift"

@@ -39,7 +39,7 @@ def observations(backbone: Pi0Backbone, batch: int = 3, seed: int = 0) -> dict:
         "attention_mask": attention_mask,
         "pixel_values": torch.randn(batch, 2, 3, vision.image_size, vision.image_size, generator=generator),
         "pixel_attention_mask": cameras,
-        "state": torch.randn(batch, backbone.state_dim, generator=generator),
+        "state": torch.randn(batch, backbone.model.config.max_state_dim, generator=generator),
     }
 
 
@@ -455,7 +455,7 @@ def test_a_saved_policy_loads_as_the_type_it_was_saved_as(tiny_pi0, tmp_path):
     spec = json.loads((tmp_path / "mlp" / "policy.json").read_text())
     spec["type"] = "pi07"
     (tmp_path / "mlp" / "policy.json").write_text(json.dumps(spec))
-    with pytest.raises(OmniRLError, match="policy type 'pi07' is not one of \\['mlp', 'pi0'\\]"):
+    with pytest.raises(OmniRLError, match=r"policy type 'pi07' is not one of \['mlp', 'pi0', 'pi05'\]"):
         FlowPolicy.from_pretrained(tmp_path / "mlp")
 
 

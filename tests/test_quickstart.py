@@ -255,12 +255,14 @@ def test_sim_quickstart_small_run(tmp_path, capsys):
     assert "seed 3: held-out success" in out and "2 seed(s): gain" in out
 
 
-def test_vla_quickstart_small_run(tmp_path, capsys):
-    """One seed of the VLA quickstart, small: a tiny pi_0 written for the seed, demos with
-    images and instructions, BC (VLM included), PPO (expert and heads), the summary with
-    the swapped-instruction evaluation."""
+@pytest.mark.parametrize("kind", ["pi0", "pi05"])
+def test_vla_quickstart_small_run(tmp_path, capsys, kind):
+    """One seed of the VLA quickstart, small: a tiny pi_0 (or pi_0.5) written for the
+    seed, demos with images and instructions, BC (VLM included), PPO (expert and heads),
+    the summary with the swapped-instruction evaluation."""
     args = ["quickstart", "--vla", "--set", f"run.output_dir={tmp_path}", "--set", "seeds=1"]
     for override in (
+        f"policy.type={kind}",
         "demo_episodes=4",
         "model_width=32",
         "env.num_envs=2",
@@ -277,7 +279,7 @@ def test_vla_quickstart_small_run(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "PixelTargets-v0" and [r["seed"] for r in summary["seeds"]] == [0]
     (run,) = summary["seeds"]
-    assert (tmp_path / "seed_0" / "pi0_tiny" / "config.json").is_file()
+    assert json.loads((tmp_path / "seed_0" / f"{kind}_tiny" / "config.json").read_text())["model_type"] == kind
     assert (tmp_path / "seed_0" / "flow_ppo" / "model" / "backbone" / "model.safetensors").is_file()
     rows = [json.loads(x) for x in (tmp_path / "seed_0" / "flow_ppo" / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [0, 1, 2] and "eval/success" in rows[-1]

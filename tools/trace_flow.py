@@ -106,7 +106,7 @@ def env_layout(cfg) -> tuple[object, int]:
 
 
 def build_policy(setup: Pi0Setup, dtype: torch.dtype):
-    """The recipe's pi0 policy (``flow_ppo.pi0_backbone``) on the meta device, in ``dtype``
+    """The recipe's pi0 policy (``flow_ppo.vla_backbone``) on the meta device, in ``dtype``
     (no memory, no initialisation); ``to_empty`` under a fake mode gives it fake storage."""
     from transformers import PI0ForConditionalGeneration
 
@@ -349,7 +349,9 @@ def main(cfg, args) -> None:
 
     started = time.perf_counter()
     if cfg.policy.type != "pi0":
-        raise SystemExit("tools/trace_memory.py traces flow_ppo configs with policy.type pi0 (an MLP policy is small)")
+        raise SystemExit(
+            "tools/trace_memory.py traces flow_ppo configs with policy.type pi0 (pi05: not yet; an MLP policy is small)"
+        )
     world = args.world or 8
     strategy = cfg.trainer.strategy
     if world > 1 and strategy != "fsdp":

@@ -1,7 +1,8 @@
-"""The VLA quickstart: a tiny pi_0 learns, from a camera image and an instruction, to
-reach the named one of two targets (PixelTargets-v0) on a CPU.
+"""The VLA quickstart: a tiny pi_0 (``--set policy.type=pi05``: pi_0.5) learns, from a
+camera image and an instruction, to reach the named one of two targets
+(PixelTargets-v0) on a CPU.
 
-For each training seed it writes a tiny random pi_0 seeded by it (unless
+For each training seed it writes a tiny random one seeded by it (unless
 ``policy.path`` names a checkpoint), collects scripted demonstrations, clones them
 (VLM included, ``policy.train_vlm: bc``) to a partial start, runs Flow-Noise PPO on the
 action expert and heads, and measures held-out success after each; then it shows the
@@ -19,8 +20,7 @@ from pathlib import Path
 from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.demos import quickstart_sim
 from omni_rl.demos.quickstart_vla_config import QuickstartVLAConfig
-from omni_rl.models.flow_policy import FlowPolicy
-from omni_rl.models.pi0 import build_tiny_pi0
+from omni_rl.models.flow_policy import FlowPolicy, backbone_class
 from omni_rl.recipes.flow_ppo import interval_summary
 from omni_rl.sim import make_vec_env
 from omni_rl.sim.episodes import EnvShare, evaluate_success
@@ -34,7 +34,9 @@ def main(cfg: QuickstartVLAConfig) -> dict:
 def run_seed(cfg: QuickstartVLAConfig, seed: int, out: Path) -> dict:
     """The simulation quickstart's seed with a pi_0 policy, then the swapped-instruction
     evaluation of the trained policy."""
-    path = cfg.policy.path or build_tiny_pi0(out / "pi0_tiny", seed=seed, width=cfg.tiny_width())
+    kind = cfg.policy.type
+    tiny = backbone_class(kind, "policy.type").build_tiny
+    path = cfg.policy.path or tiny(out / f"{kind}_tiny", seed=seed, width=cfg.tiny_width())
     result = quickstart_sim.run_seed(cfg, seed, out, policy={"path": str(path)})
     policy = FlowPolicy.from_pretrained(out / "flow_ppo" / "model").eval()
     swapped = heldout_success(policy, cfg, swap_instructions=True)

@@ -43,8 +43,9 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     policy: FlowPolicyConfig = field(
         default_factory=lambda: FlowPolicyConfig(type="pi0", horizon=8, executed=5, width=64, value_input="obs")
     )
-    """The policy: pi_0 (unset ``path``: a tiny random one per seed, seeded by it), its
-    critic on the env's privileged state (point and goal), which the actor never sees."""
+    """The policy: pi_0 (``type: pi05``: pi_0.5; unset ``path``: a tiny random one per
+    seed, seeded by it), its critic on the env's privileged state (point and goal),
+    which the actor never sees."""
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(actor_lr=1e-4, critic_lr=1e-3, critic_warmup=5, epochs=2, minibatches=4)
     )
@@ -57,7 +58,7 @@ class QuickstartVLAConfig(QuickstartSimConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        require(self.policy.type == "pi0", "policy.type", "the VLA quickstart trains a pi0 policy")
+        require(self.policy.vla, "policy.type", "the VLA quickstart trains a VLA policy: pi0 or pi05")
         require(self.env.task == "PixelTargets-v0", "env.task", "the VLA quickstart runs PixelTargets-v0")
         if self.policy.path is not None:
             require(self.model_width is None, "model_width", "sizes the tiny pi_0 written when policy.path is unset")

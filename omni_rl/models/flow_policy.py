@@ -62,7 +62,11 @@ from omni_rl.registry import Registry
 ENCODERS: Registry = Registry("observation encoder")
 # each ``policy.type``'s backbone, imported when a policy of that type is loaded (the
 # pi0 module imports transformers' PI0, which a state-vector run never needs)
-BACKBONES = {"mlp": ("omni_rl.models.flow_policy", "StateBackbone"), "pi0": ("omni_rl.models.pi0", "Pi0Backbone")}
+BACKBONES = {
+    "mlp": ("omni_rl.models.flow_policy", "StateBackbone"),
+    "pi0": ("omni_rl.models.pi0", "Pi0Backbone"),
+    "pi05": ("omni_rl.models.pi05", "Pi05Backbone"),
+}
 HYBRID_STEPS = ("last", "late", "uniform")
 
 

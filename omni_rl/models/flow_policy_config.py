@@ -27,14 +27,15 @@ class FlowPolicyConfig(ModeDefaults):
         "train_vlm": "bc",
     }
 
-    type: Literal["mlp", "pi0"] = "mlp"
-    """The policy family: MLPs over state vectors, or pi_0 (transformers' PI0: a VLM
-    prefix over a camera image and an instruction, and an action expert) loaded from
-    ``path``, for envs with pixels and language (PixelTargets-v0)."""
+    type: Literal["mlp", "pi0", "pi05"] = "mlp"
+    """The policy family: MLPs over state vectors, or a VLA loaded from ``path`` for envs
+    with pixels and language (PixelTargets-v0): pi_0 (transformers' PI0: a VLM prefix
+    over a camera image and an instruction, and an action expert) or pi_0.5 (PI05: the
+    state written into the prompt, the time into the expert's norms)."""
     path: str | None = None
-    """pi0: the checkpoint directory with its processor (a released pi_0, or what
-    ``omni-rl tiny-model --family pi0`` writes); flow_ppo needs it, the VLA quickstart
-    writes a tiny one when it is unset."""
+    """pi0, pi05: the checkpoint directory with its processor (a released one, or what
+    ``omni-rl tiny-model --family pi0`` or ``pi05`` writes); flow_ppo needs it, the VLA
+    quickstart writes a tiny one when it is unset."""
     train_vlm: Literal["never", "bc", "always"] | None = None
     """pi0: when the VLM trains beside the action expert and heads: never, in behaviour
     cloning only (unset: pi_0's fine-tuning, then pi_RL's RL on the expert), or in both."""
@@ -81,15 +82,20 @@ class FlowPolicyConfig(ModeDefaults):
     """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims
     (unset), or their mean (RLinf). Refused with ppo.ratio element."""
 
+    @property
+    def vla(self) -> bool:
+        """Whether the policy is a VLA (a checkpoint at ``path`` with a VLM)."""
+        return self.type != "mlp"
+
     def __post_init__(self):
-        if self.type == "pi0":
+        if self.vla:
             never = "train_vlm: never (the VLM never trains)"
             require(
                 self.vlm_lora is None or self.setting("train_vlm") != "never", "vlm_lora", f"does nothing under {never}"
             )
-            require(self.encoder == "mlp", "encoder", "a pi0 policy's VLM encodes its observations; leave it unset")
+            require(self.encoder == "mlp", "encoder", f"a {self.type} policy's VLM encodes its observations")
         else:
-            require(self.path is None, "path", "is read by policy.type pi0 only")
+            require(self.path is None, "path", "is read by the VLA policy types (pi0, pi05) only")
             require_unset({"train_vlm": self.train_vlm, "vlm_lora": self.vlm_lora}, "type: mlp (no VLM)")
         require(1 <= self.executed <= self.horizon, "executed", "must be within 1..horizon")
         require(self.denoise_steps >= 1, "denoise_steps", "must be >= 1")

@@ -30,54 +30,63 @@ from omni_rl.runtime import umask_files
 def tiny_pi0_config(
     vocab: int, image_token_id: int, width: int = 64, image_size: int = 32, chunk: int = 8, dims: int = 8
 ):
-    """A PI0 config a CPU test runs in milliseconds: a 2-layer ``width``-wide Gemma
-    prefix over a 1-layer SigLIP on ``image_size``² images (16 tokens an image), a
-    2-layer expert half as wide, ``chunk`` actions of ``dims`` numbers, 4 denoising
-    steps, the tokenizer's ``vocab`` and image placeholder id."""
+    """A PI0 config a CPU test runs in milliseconds (``tiny_vlm_and_expert``'s parts),
+    ``chunk`` actions of ``dims`` numbers, 4 denoising steps."""
     from transformers import PI0Config
 
-    if width < 32 or width % 32:
-        raise OmniRLError(f"tiny pi0 width {width}: must be a multiple of 32")
+    vlm, expert = tiny_vlm_and_expert(vocab, image_token_id, width, image_size)
     return PI0Config(
-        vlm_config={
-            "model_type": "paligemma",
-            "text_config": {
-                "model_type": "gemma",
-                "hidden_size": width,
-                "num_hidden_layers": 2,
-                "intermediate_size": 2 * width,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 1,
-                "head_dim": 32,
-                "vocab_size": vocab,
-            },
-            "vision_config": {
-                "model_type": "siglip_vision_model",
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "patch_size": image_size // 4,
-                "image_size": image_size,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 2,
-                "vision_use_head": False,
-            },
-            "projection_dim": width,
-            "image_token_id": image_token_id,
-        },
-        dit_config={
-            "model_type": "gemma",
-            "hidden_size": width // 2,
-            "num_hidden_layers": 2,
-            "intermediate_size": width,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 32,
-        },
+        vlm_config=vlm,
+        dit_config=expert,
         chunk_size=chunk,
         max_state_dim=dims,
         max_action_dim=dims,
         num_inference_steps=4,
     )
+
+
+def tiny_vlm_and_expert(vocab: int, image_token_id: int, width: int, image_size: int) -> tuple[dict, dict]:
+    """The configs of a tiny pi_0 family's VLM and action expert: a 2-layer
+    ``width``-wide Gemma prefix over a 1-layer SigLIP on ``image_size``² images (16
+    tokens an image) with the tokenizer's ``vocab`` and image placeholder id, and a
+    2-layer expert half as wide."""
+    if width < 32 or width % 32:
+        raise OmniRLError(f"tiny pi0 width {width}: must be a multiple of 32")
+    vlm = {
+        "model_type": "paligemma",
+        "text_config": {
+            "model_type": "gemma",
+            "hidden_size": width,
+            "num_hidden_layers": 2,
+            "intermediate_size": 2 * width,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "vocab_size": vocab,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "patch_size": image_size // 4,
+            "image_size": image_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vision_use_head": False,
+        },
+        "projection_dim": width,
+        "image_token_id": image_token_id,
+    }
+    expert = {
+        "model_type": "gemma",
+        "hidden_size": width // 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": width,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+    }
+    return vlm, expert
 
 
 def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8, image_tokens: int = 16):
@@ -138,6 +147,7 @@ class Pi0Prefix:
     cache: object
     attention_mask: torch.Tensor
     length: int
+    hidden: torch.Tensor  # [B, P, width] the VLM's last hidden states over the prefix
 
 
 @dataclass
@@ -208,6 +218,7 @@ class Pi0Backbone(VelocityBackbone):
     DEFAULT_VALUE_INPUT = "features"
     HAS_VLM = True
     SAVED_APART = "model."
+    MODEL_CLASS = "PI0ForConditionalGeneration"  # transformers' class of the checkpoint
 
     def __init__(
         self,
@@ -221,8 +232,7 @@ class Pi0Backbone(VelocityBackbone):
         self.model, self.processor, self.layout = model, processor, layout
         self.lora_scale: float | None = None  # alpha / rank once the VLM has adapters
         config = model.config
-        self.horizon, self.action_dim = config.chunk_size, config.max_action_dim
-        self.state_dim, self.steps = config.max_state_dim, config.num_inference_steps
+        self.horizon, self.action_dim, self.steps = config.chunk_size, config.max_action_dim, config.num_inference_steps
         self.feature_dim = config.dit_config.hidden_size
         self.noise_dims = (self.feature_dim, self.action_dim)
         self.env_action_dim = self.action_dim if env_action_dim is None else env_action_dim
@@ -231,10 +241,17 @@ class Pi0Backbone(VelocityBackbone):
                 f"the env's {self.env_action_dim} action numbers do not fit the pi0 checkpoint's {self.action_dim}"
             )
         self.privileged_dim = privileged_dim if layout is None else layout.privileged_dim
-        # the action expert reads the noisy actions' embeddings, never token ids: its token
-        # table (a quarter of a billion numbers in pi_0) gets no gradient and stays frozen
-        model.model.dit.embed_tokens.requires_grad_(False)
+        # the action expert reads the noisy actions' embeddings, never token ids: pi_0's
+        # expert's token table (a quarter of a billion numbers) gets no gradient and stays frozen
+        tokens = getattr(model.model.dit, "embed_tokens", None)
+        if tokens is not None:
+            tokens.requires_grad_(False)
         statistics(processor, "actions", torch.zeros(self.env_action_dim))  # other sizes fail here, not mid-run
+
+    @staticmethod
+    def build_tiny(out: str | Path, seed: int = 0, width: int = 64) -> Path:
+        """Write a tiny random checkpoint of this family (``build_tiny_pi0``)."""
+        return build_tiny_pi0(out, seed, width)
 
     @classmethod
     def from_pretrained(
@@ -247,10 +264,11 @@ class Pi0Backbone(VelocityBackbone):
         **model_kwargs,
     ) -> Pi0Backbone:
         """The checkpoint at ``path``; ``model_kwargs`` go to transformers' loader
-        (``chunk_size``: pi_0's weights do not depend on it)."""
-        from transformers import PI0ForConditionalGeneration
+        (``chunk_size``: the weights do not depend on it)."""
+        import transformers
 
-        model = PI0ForConditionalGeneration.from_pretrained(path, use_kernels=False, **model_kwargs)
+        model_class = getattr(transformers, cls.MODEL_CLASS)
+        model = model_class.from_pretrained(path, use_kernels=False, **model_kwargs)
         return cls(model, processor, layout, env_action_dim, privileged_dim)
 
     def train_vlm(self, on: bool) -> None:
@@ -284,19 +302,20 @@ class Pi0Backbone(VelocityBackbone):
                 f"pixel_attention_mask {tuple(pixel_attention_mask.shape)} (batch, cameras)"
             )
         embeds = core.embed_prefix(input_ids, pixel_values, pixel_attention_mask)
-        cache = core.vlm(
+        out = core.vlm(
             inputs_embeds=embeds,
             attention_mask=attention_mask,
             position_ids=attention_mask.cumsum(-1) - 1,
             token_type_ids=torch.zeros_like(input_ids),
             use_cache=True,
-        ).cache
+        )
+        cache = out.cache
         # the expert reads these keys and values past the VLM layers' outputs: under
         # FSDP2 their gradient gathers the layer that made them again
         attention = {m.layer_idx: m for m in core.vlm.modules() if isinstance(getattr(m, "layer_idx", None), int)}
         for index, layer in enumerate(cache.layers):
             gather_before_backward(attention[index], layer.keys, layer.values)
-        return Pi0Prefix(cache, attention_mask, cache.get_seq_length())
+        return Pi0Prefix(cache, attention_mask, cache.get_seq_length(), out.last_hidden_state)
 
     def expert(
         self, prefix: Pi0Prefix, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor
@@ -320,9 +339,13 @@ class Pi0Backbone(VelocityBackbone):
             raise OmniRLError("a pi0 policy built without a FlatLayout and processor reads Pi0Observation batches only")
         images, index, state, privileged = self.layout.split(obs)
         instructions = [self.layout.instructions[i] for i in index.tolist()]
-        inputs = pi0_inputs(self.processor, images, instructions, state).to(obs.device)
+        inputs = self.inputs(images, instructions, state).to(obs.device)
         inputs.privileged = privileged
         return inputs
+
+    def inputs(self, images: torch.Tensor, instructions: list[str], state: torch.Tensor) -> Pi0Observation:
+        """An env's images, instructions and states as the model reads them (``pi0_inputs``)."""
+        return pi0_inputs(self.processor, images, instructions, state)
 
     def encode(self, obs: Pi0Observation | torch.Tensor) -> Pi0Context:
         obs = self.observation(obs)
@@ -407,14 +430,7 @@ def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: 
     normalized by its statistics when it has them. An instruction that makes the prompt's
     text (its tokens but the image's) longer than ``max_tokens`` is refused, naming it
     (pi_0 reads 48 tokens of text beside its 256 image tokens)."""
-    if images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
-        raise OmniRLError(
-            f"pi0 observations: images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}"
-        )
-    if not len(instructions) == images.shape[0] == state.shape[0]:
-        raise OmniRLError(
-            f"pi0 observations: {images.shape[0]} images, {len(instructions)} instructions, {state.shape[0]} states"
-        )
+    check_images(images, instructions, state, "pi0")
     batch = processor(images=[[image] for image in images], text=instructions, padding="longest", return_tensors="pt")
     text = batch["attention_mask"] * (batch["input_ids"] != processor.image_token_id)
     lengths = text.sum(-1)
@@ -429,6 +445,20 @@ def pi0_inputs(processor, images: torch.Tensor, instructions: list[str], state: 
     return Pi0Observation(
         batch["input_ids"], batch["attention_mask"], batch["pixel_values"], batch["pixel_attention_mask"], state
     )
+
+
+def check_images(images: torch.Tensor, instructions: list[str], state: torch.Tensor, family: str) -> None:
+    """Refuse images that are not uint8 [N, 3, H, W], or batches whose images,
+    instructions and states differ in number."""
+    if images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
+        raise OmniRLError(
+            f"{family} observations: images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}"
+        )
+    if not len(instructions) == images.shape[0] == state.shape[0]:
+        raise OmniRLError(
+            f"{family} observations: {images.shape[0]} images, {len(instructions)} instructions, "
+            f"{state.shape[0]} states"
+        )
 
 
 NUMBERS = {"state": "state", "actions": "action"}

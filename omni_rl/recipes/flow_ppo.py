@@ -47,8 +47,7 @@ from omni_rl.engine import distributed
 from omni_rl.engine.config import AdamWConfig
 from omni_rl.engine.engine import TrainingEngine, lr_factor
 from omni_rl.errors import OmniRLError
-from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, VelocityBackbone
-from omni_rl.models.pi0 import Pi0Backbone
+from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, VelocityBackbone, backbone_class
 from omni_rl.observations import FlatLayout
 from omni_rl.recipes.common import (
     MetricsLog,
@@ -161,28 +160,28 @@ def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torc
     observations' layout from ``env``."""
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(stream.get_state())
-        pi0 = cfg.policy.type == "pi0"
-        backbone = pi0_backbone(cfg, env) if pi0 else StateBackbone(cfg.policy, obs_dim, action_dim)
+        vla = cfg.policy.vla
+        backbone = vla_backbone(cfg, env) if vla else StateBackbone(cfg.policy, obs_dim, action_dim)
         policy = FlowPolicy(cfg.policy, backbone)
         stream.set_state(torch.get_rng_state())
     return policy
 
 
-def pi0_backbone(cfg: FlowPPOConfig, env) -> VelocityBackbone:
-    """A pi_0 backbone from ``policy.path`` for an env with a camera image and an
-    instruction in its flat observations (``FlatLayout``); its VLM frozen until a phase
-    that trains it (``vlm_trains``)."""
+def vla_backbone(cfg: FlowPPOConfig, env) -> VelocityBackbone:
+    """A pi_0 or pi_0.5 backbone (``policy.type``) from ``policy.path`` for an env with
+    a camera image and an instruction in its flat observations (``FlatLayout``); its VLM
+    frozen until a phase that trains it (``vlm_trains``)."""
     from transformers import AutoProcessor
 
     layout = getattr(env, "layout", None)
     if not isinstance(layout, FlatLayout):
         raise OmniRLError(
-            f"policy.type pi0 reads a camera image and an instruction; {cfg.env.task} observes state vectors "
-            "(PixelTargets-v0 has both)"
+            f"policy.type {cfg.policy.type} reads a camera image and an instruction; {cfg.env.task} observes "
+            "state vectors (PixelTargets-v0 has both)"
         )
-    # pi_0's weights do not depend on its chunk's length: the checkpoint predicts policy.horizon actions
+    # the weights do not depend on the chunk's length: the checkpoint predicts policy.horizon actions
     processor = AutoProcessor.from_pretrained(cfg.policy.path)
-    backbone = Pi0Backbone.from_pretrained(
+    backbone = backbone_class(cfg.policy.type, "policy.type").from_pretrained(
         cfg.policy.path, processor, layout, env.action_dim, chunk_size=cfg.policy.horizon
     )
     if cfg.policy.vlm_lora is not None:
@@ -192,7 +191,7 @@ def pi0_backbone(cfg: FlowPPOConfig, env) -> VelocityBackbone:
 
 
 def vlm_trains(cfg: FlowPPOConfig, phase: str) -> bool:
-    """Whether a pi0 policy's VLM trains in ``phase`` (bc or ppo): ``policy.train_vlm``."""
+    """Whether a VLA policy's VLM trains in ``phase`` (bc or ppo): ``policy.train_vlm``."""
     when = cfg.policy.setting("train_vlm")
     return when == "always" or when == phase
 

@@ -234,6 +234,7 @@ class FlowPPOConfig:
             raise FieldError("ppo.bc_coef", "needs bc.demos, the demonstrations it holds the policy near")
         if self.ppo.critic_free and self.env.num_envs % self.ppo.setting("group_size"):
             raise FieldError("env.num_envs", "must be a multiple of ppo.group_size with ppo.critic_free")
-        if self.policy.type == "pi0" and not self.policy.path:
-            why = "name the pi0 checkpoint (omni-rl tiny-model --family pi0 writes a tiny one)"
+        if self.policy.vla and not self.policy.path:
+            kind = self.policy.type
+            why = f"name the {kind} checkpoint (omni-rl tiny-model --family {kind} writes a tiny one)"
             raise FieldError("policy.path", why)

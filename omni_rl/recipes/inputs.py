@@ -42,7 +42,7 @@ def input_paths(cfg: Any) -> list[tuple[str, str, Kind]]:
             found.append((f"data.eval[{i}].data", spec.data, "file or directory" if spec.benchmark else "file"))
         if data.cache_mode == "cache_only":
             found.append(("data.cache", data.cache or "", "directory"))
-    if policy is not None and policy.type == "pi0":
+    if policy is not None and policy.vla:
         found.append(("policy.path", policy.path or "", "directory"))
     if bc is not None and bc.demos:
         found.append(("bc.demos", bc.demos, "file"))
