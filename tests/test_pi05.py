@@ -87,7 +87,7 @@ def test_quantile_statistics_and_long_prompts_are_refused(tiny_pi05):
     with pytest.raises(OmniRLError, match="quantile"):
         pi05_inputs(quantiles, images, ["go"], torch.zeros(1, 2))
     plain = AutoProcessor.from_pretrained(tiny_pi05)
-    with pytest.raises(OmniRLError, match=r"env 0's prompt .* over the limit of 30"):
+    with pytest.raises(OmniRLError, match=r"env 0's prompt .* tokens besides the image's, over the limit of 30"):
         pi05_inputs(plain, images, ["go to the red target"], torch.zeros(1, 2), max_tokens=30)
 
 

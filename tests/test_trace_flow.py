@@ -52,3 +52,18 @@ def test_a_pi0_run_is_traced_phase_by_phase(tmp_path, tiny_pi0):
     demo_bytes = 3000 * (obs_numbers * 4 + 8 * 2 * 4 + 8)
     rise = many["phases"]["bc"]["peak"]["Total"] - phases["bc"]["peak"]["Total"]
     assert rise == pytest.approx(demo_bytes, rel=0.02)
+
+
+def test_a_pi05_run_is_traced_with_its_state_in_the_prompt(tmp_path, tiny_pi0):
+    """``policy.type: pi05`` traces PI05 (built from its own config class) through the
+    same phases; its prefix is longer than pi_0's by the state written into the prompt."""
+    from omni_rl.models.pi05 import build_tiny_pi05
+
+    pi05 = build_tiny_pi05(tmp_path / "pi05", seed=0)
+    lines, figures = trace(tmp_path, pi05, "--demo-chunks", "1000", "--set", "policy.type=pi05")
+    assert any(line.startswith("model: PI05 from ") for line in lines)
+    assert set(figures["phases"]) == {"bc", "bc/step", "rollout", "update", "update/step"}
+    params = figures["info"]["params"]
+    assert figures["phases"]["update/step"]["peak"]["Sharded Param"] == pytest.approx(params * 4 / 2, rel=0.02)
+    _, pi0 = trace(tmp_path, tiny_pi0, "--demo-chunks", "1000")
+    assert figures["info"]["prefix_tokens"] > pi0["info"]["prefix_tokens"]

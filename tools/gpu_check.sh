@@ -15,12 +15,13 @@
 # on ManiSkill PushCube from a 224x224 camera, one rank's share of
 # configs/maniskill_pushcube_pi0_gpu.yaml (40 envs, 8 BC rows): 20 BC steps of the whole
 # model, then 3 Flow-Noise PPO iterations; seconds per iteration and peak memory, beside
-# the peak traced for the same settings.
+# the peak traced for the same settings; then the same for pi_0.5 (pi05_base's shapes).
 # Beside the measured peak it prints the peak tools/trace_memory.py traces for the same
 # config on fake tensors, and it runs 2 steps on mixed modalities (half the rows text-only).
 #   tools/gpu_check.sh            # GPUS=1 tools/gpu_check.sh on a single GPU
 #   SIM_ONLY=1 tools/gpu_check.sh # the ManiSkill GPU run alone (one GPU)
 #   PI0_ONLY=1 tools/gpu_check.sh # the pi_0 run alone (one GPU, about 80 GB)
+#   PI05_ONLY=1 tools/gpu_check.sh # the same for pi_0.5 (configs/maniskill_pushcube_pi05_gpu.yaml)
 #   OFF_ONLY=1 tools/gpu_check.sh # the one-step-off pair alone (one GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,32 +47,33 @@ print(f"gpu_check sim: iterations={len(rows)} rollout env steps/s={med('throughp
 PYEOF
 }
 
-pi0_check() {
-  echo "gpu_check: pi_0 (3.5 B, random weights of pi0_base's shapes) on ManiSkill PushCube from a 224x224 camera"
-  [ -f "$WORK/pi0/model/config.json" ] || "$PY" tools/random_pi0.py --out "$WORK/pi0/model" --device cuda
+vla_check() {  # pi0 or pi05
+  local kind=$1 dir="$WORK/$1"
+  echo "gpu_check: $kind (random weights of ${kind}_base's shapes) on ManiSkill PushCube from a 224x224 camera"
+  [ -f "$dir/model/config.json" ] || "$PY" tools/random_pi0.py --family "$kind" --out "$dir/model" --device cuda
   [ -f "$WORK/pi0/demos.safetensors" ] || "$PY" -m omni_rl sim collect-demos --task PushCube-v1 --episodes 20 \
     --obs-mode rgb --image-size 224 --backend cpu --out "$WORK/pi0/demos.safetensors"
-  rm -rf "$WORK/pi0/run"
+  rm -rf "$dir/run"
   # one rank of the 8-GPU config: its 40 envs and 8 BC rows, in one process
   local one_rank=(--set trainer.strategy=single --set env.num_envs=40 --set bc.batch_size=8)
   local start
   start=$(date +%s)
-  "$PY" -m omni_rl train configs/maniskill_pushcube_pi0_gpu.yaml "${one_rank[@]}" \
-    --set policy.path="$WORK/pi0/model" --set bc.demos="$WORK/pi0/demos.safetensors" --set bc.steps=20 \
-    --set trainer.steps=3 --set trainer.eval_every=0 --set trainer.eval_episodes=40 --set run.output_dir="$WORK/pi0/run"
-  echo "gpu_check pi0: the run took $(( $(date +%s) - start )) s (model load, demos' upload and warm-up included)"
-  "$PY" - "$WORK/pi0/run/metrics.jsonl" <<'PYEOF'
+  "$PY" -m omni_rl train "configs/maniskill_pushcube_${kind}_gpu.yaml" "${one_rank[@]}" \
+    --set policy.path="$dir/model" --set bc.demos="$WORK/pi0/demos.safetensors" --set bc.steps=20 \
+    --set trainer.steps=3 --set trainer.eval_every=0 --set trainer.eval_episodes=40 --set run.output_dir="$dir/run"
+  echo "gpu_check $kind: the run took $(( $(date +%s) - start )) s (model load, demos' upload and warm-up included)"
+  "$PY" - "$dir/run/metrics.jsonl" "$kind" <<'PYEOF'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if '"time/update"' in line]
 med = lambda key: statistics.median(r[key] for r in rows)
-print(f"gpu_check pi0: iterations={len(rows)} rollout s/iteration={med('time/rollout'):.2f} "
+print(f"gpu_check {sys.argv[2]}: iterations={len(rows)} rollout s/iteration={med('time/rollout'):.2f} "
       f"update s/iteration={med('time/update'):.2f} rollout env steps/s={med('throughput/rollout_env_steps_per_s'):.0f} "
       f"peak memory: allocated {max(r.get('memory/peak_allocated_gb', float('nan')) for r in rows):.1f} GiB, "
       f"reserved {max(r.get('memory/peak_reserved_gb', float('nan')) for r in rows):.1f} GiB")
 PYEOF
-  echo "gpu_check pi0: the peak traced on fake tensors for the same settings (tools/trace_memory.py; 20 demo episodes)"
-  "$PY" tools/trace_memory.py configs/maniskill_pushcube_pi0_gpu.yaml --world 1 "${one_rank[@]}" \
-    --set policy.path="$WORK/pi0/model" --demo-chunks 1000 | tail -n 1 | sed 's/^/gpu_check pi0 traced: /'
+  echo "gpu_check $kind: the peak traced on fake tensors for the same settings (tools/trace_memory.py; 20 demo episodes)"
+  "$PY" tools/trace_memory.py "configs/maniskill_pushcube_${kind}_gpu.yaml" --world 1 "${one_rank[@]}" \
+    --set policy.path="$dir/model" --demo-chunks 1000 | tail -n 1 | sed "s/^/gpu_check $kind traced: /"
 }
 
 prepare_3b() {
@@ -102,9 +104,10 @@ print(f"gpu_check one-step-off: s/step synchronous {step[0]:.2f}, one-step-off {
 PYEOF
 }
 
-if [ "${PI0_ONLY:-0}" = 1 ]; then
+if [ "${PI0_ONLY:-0}" = 1 ] || [ "${PI05_ONLY:-0}" = 1 ]; then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { echo "gpu_check: needs a CUDA GPU" >&2; exit 1; }
-  pi0_check
+  [ "${PI0_ONLY:-0}" = 1 ] && vla_check pi0
+  [ "${PI05_ONLY:-0}" = 1 ] && vla_check pi05
   exit 0
 fi
 if [ "${OFF_ONLY:-0}" = 1 ]; then
@@ -173,4 +176,5 @@ else
   echo "gpu_check: vllm is not installed (pip install -e '.[vllm]'): tools/gpu_smoke_vllm.py not run"
 fi
 sim_check
-pi0_check
+vla_check pi0
+vla_check pi05

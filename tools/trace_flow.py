@@ -1,10 +1,10 @@
-"""Peak memory per rank of a flow_ppo run with a pi0 policy at its config's real sizes,
+"""Peak memory per rank of a flow_ppo run with a pi0 or pi05 policy at its config's real sizes,
 traced on fake tensors; ``tools/trace_memory.py`` runs it for a flow_ppo config:
 
     python tools/trace_memory.py CONFIG --world N [--model-config config.json] [--set a.b=c ...]
         [--demo-chunks M] [--json FILE]
 
-The pi0 model is built from its architecture alone (``policy.path``'s config.json, else
+The model (PI0 or PI05, ``policy.type``) is built from its architecture alone (``policy.path``'s config.json, else
 ``tools/model_configs/<name of policy.path>.json``, else ``--model-config``), loaded with
 ``chunk_size = policy.horizon`` as the recipe loads it, on fake CPU tensors (no weights,
 no GPU); it joins a fake process group of N ranks and is wrapped by the recipe's own
@@ -59,6 +59,8 @@ from torch_private import (
 from trace_inputs import kernel_of, model_json
 from trace_phases import Phases, phases_json, print_peak, print_phases, provenance, rank0_row, tracker_for
 
+from omni_rl.models.flow_policy import backbone_class
+
 
 @dataclasses.dataclass
 class Pi0Setup:
@@ -66,7 +68,7 @@ class Pi0Setup:
 
     cfg: object
     config: object
-    """The PI0Config (chunk_size = policy.horizon)."""
+    """The PI0Config or PI05Config (chunk_size = policy.horizon)."""
     processor: object
     layout: object
     env_action_dim: int
@@ -77,18 +79,18 @@ class Pi0Setup:
 
 
 def pi0_architecture(cfg, model_config: Path | None) -> tuple[object, object, str]:
-    """(PI0Config, processor, where the config came from)."""
-    from transformers import AutoProcessor, PI0Config
+    """(the PI0 or PI05 config, processor, where the config came from)."""
+    import transformers
+    from transformers import AutoProcessor
 
-    from omni_rl.models.pi0 import sized_pi0_processor
-
+    backbone = backbone_class(cfg.policy.type, "policy.type")
     path = Path(cfg.policy.path or "")
     raw, model_config = model_json(str(path), model_config)
-    config = PI0Config(**{**raw, "chunk_size": cfg.policy.horizon})
+    config = getattr(transformers, backbone.CONFIG_CLASS)(**{**raw, "chunk_size": cfg.policy.horizon})
     if (path / "processor_config.json").is_file():
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     else:
-        processor = sized_pi0_processor(config, cfg.policy.horizon)
+        processor = backbone.sized_processor(config, cfg.policy.horizon)
     source = model_config.resolve()
     return config, processor, str(source.relative_to(ROOT) if source.is_relative_to(ROOT) else source)
 
@@ -106,37 +108,36 @@ def env_layout(cfg) -> tuple[object, int]:
 
 
 def build_policy(setup: Pi0Setup, dtype: torch.dtype):
-    """The recipe's pi0 policy (``flow_ppo.vla_backbone``) on the meta device, in ``dtype``
+    """The recipe's VLA policy (``flow_ppo.vla_backbone``) on the meta device, in ``dtype``
     (no memory, no initialisation); ``to_empty`` under a fake mode gives it fake storage."""
-    from transformers import PI0ForConditionalGeneration
+    import transformers
 
     from omni_rl.models.flow_policy import FlowPolicy
-    from omni_rl.models.pi0 import Pi0Backbone
 
+    kind = backbone_class(setup.cfg.policy.type, "policy.type")
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = PI0ForConditionalGeneration(setup.config)
+            model = getattr(transformers, kind.MODEL_CLASS)(setup.config)
     finally:
         torch.set_default_dtype(default)
     with torch.device("meta"):
-        backbone = Pi0Backbone(model, setup.processor, setup.layout, setup.env_action_dim)
+        backbone = kind(model, setup.processor, setup.layout, setup.env_action_dim)
         if setup.cfg.policy.vlm_lora is not None:
             backbone.add_vlm_lora(setup.cfg.policy.vlm_lora)
         backbone.train_vlm(False)
         return FlowPolicy(setup.cfg.policy, backbone)
 
 
-def processed(setup: Pi0Setup):
-    """The processor's output for one observation (real tensors): a blank image and the
-    layout's longest instruction."""
-    from omni_rl.models.pi0 import pi0_inputs
-
+def processed(setup: Pi0Setup, backbone):
+    """The processor's output for one observation (real tensors), as ``backbone`` makes
+    it: a blank image, the layout's longest instruction and a zero state (pi05 writes it
+    into the prompt, three digits a number)."""
     layout = setup.layout
     image = torch.zeros(1, 3, layout.image_size, layout.image_size, dtype=torch.uint8)
     longest = max(layout.instructions, key=lambda s: len(setup.processor.tokenizer(s)["input_ids"]))
-    return pi0_inputs(setup.processor, image, [longest], torch.zeros(1, layout.state_dim))
+    return backbone.inputs(image, [longest], torch.zeros(1, layout.state_dim))
 
 
 def fake_observations(one, values: KnownValues):
@@ -234,7 +235,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
         "strategy": engine.strategy,
         "envs": envs.count,
         "chunks": chunks,
-        "prefix_tokens": int(processed(setup).input_ids.shape[1]),
+        "prefix_tokens": int(processed(setup, policy.backbone).input_ids.shape[1]),
     }
     done: dict = {}
     phases = None
@@ -265,7 +266,7 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
         phases, label = Phases(tracker, "cpu (fake)"), name
         return tracker
 
-    one = processed(setup)
+    one = processed(setup, policy.backbone)
 
     @contextlib.contextmanager
     def recipe_code(tracker):
@@ -322,7 +323,8 @@ def trace(setup: Pi0Setup, demo_chunks: int) -> tuple[dict, dict]:
 def print_report(setup: Pi0Setup, phases: dict, info: dict, seconds: float) -> None:
     cfg, p = setup.cfg, setup.cfg.policy
     print(f"provenance: {provenance()}")
-    print(f"model: PI0 from {setup.source}, {info['params'] / 1e9:.2f} B parameters (heads included)")
+    family = type(setup.config).__name__.removesuffix("Config")
+    print(f"model: {family} from {setup.source}, {info['params'] / 1e9:.2f} B parameters (heads included)")
     print(
         f"world {setup.world} ({info['strategy']}), precision {cfg.trainer.precision}; trains: "
         + (f"bc {info['trainable_bc'] / 1e9:.2f} B, " if "trainable_bc" in info else "")
@@ -348,10 +350,8 @@ def main(cfg, args) -> None:
     from omni_rl.engine.engine import resolve_precision
 
     started = time.perf_counter()
-    if cfg.policy.type != "pi0":
-        raise SystemExit(
-            "tools/trace_memory.py traces flow_ppo configs with policy.type pi0 (pi05: not yet; an MLP policy is small)"
-        )
+    if not cfg.policy.vla:
+        raise SystemExit("tools/trace_memory.py traces flow_ppo configs with policy.type pi0 or pi05 (an MLP is small)")
     world = args.world or 8
     strategy = cfg.trainer.strategy
     if world > 1 and strategy != "fsdp":

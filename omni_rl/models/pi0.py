@@ -89,13 +89,16 @@ def tiny_vlm_and_expert(vocab: int, image_token_id: int, width: int, image_size:
     return vlm, expert
 
 
-def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8, image_tokens: int = 16):
-    """transformers' ``PI0Processor`` over an offline byte-level tokenizer (the 256
-    bytes, then ``<pad>``, ``<bos>``, ``<eos>``; the processor adds ``<image>`` and
-    PaliGemma's location and segmentation tokens) and ``image_size``² images
-    (``image_tokens`` tokens each). No state statistics: ``pi0_inputs`` passes the state
-    as it is."""
-    from transformers import PI0ImageProcessor, PI0Processor
+def tiny_pi0_processor(
+    image_size: int = 32, chunk: int = 8, dims: int = 8, image_tokens: int = 16, processor_class: str = "PI0Processor"
+):
+    """transformers' ``PI0Processor`` (or ``processor_class``, e.g. ``PI05Processor``) over
+    an offline byte-level tokenizer (the 256 bytes, then ``<pad>``, ``<bos>``, ``<eos>``;
+    the processor adds ``<image>`` and PaliGemma's location and segmentation tokens) and
+    ``image_size``² images (``image_tokens`` tokens each). No state statistics:
+    ``pi0_inputs`` passes the state as it is."""
+    import transformers
+    from transformers import PI0ImageProcessor
 
     from omni_rl.models.tokenizer import byte_level_tokenizer
 
@@ -106,16 +109,18 @@ def tiny_pi0_processor(image_size: int = 32, chunk: int = 8, dims: int = 8, imag
         pad_size={"height": image_size, "width": image_size},
         image_seq_length=image_tokens,
     )
-    return PI0Processor(images, tokenizer, max_state_dim=dims, chunk_size=chunk)
+    return getattr(transformers, processor_class)(images, tokenizer, max_state_dim=dims, chunk_size=chunk)
 
 
-def sized_pi0_processor(config, chunk: int):
-    """``tiny_pi0_processor`` sized for a PI0 ``config`` (its vision tower's image side and
-    tokens, its state size), for a checkpoint of a released model's shapes with random
-    weights; ``config``'s image token id becomes the processor's."""
+def sized_pi0_processor(config, chunk: int, make=None):
+    """``tiny_pi0_processor`` (or ``make``, of its arguments) sized for a PI0 or PI05
+    ``config`` (its vision tower's image side and tokens, its state or action size), for
+    a checkpoint of a released model's shapes with random weights; ``config``'s image
+    token id becomes the processor's."""
     vision = config.vlm_config.vision_config
     tokens = (vision.image_size // vision.patch_size) ** 2
-    processor = tiny_pi0_processor(vision.image_size, chunk, config.max_state_dim, tokens)
+    dims = getattr(config, "max_state_dim", config.max_action_dim)
+    processor = (make or tiny_pi0_processor)(vision.image_size, chunk, dims, tokens)
     config.vlm_config.image_token_id = processor.image_token_id
     return processor
 
@@ -124,13 +129,19 @@ def build_tiny_pi0(out: str | Path, seed: int = 0, width: int = 64) -> Path:
     """Write a tiny random-init PI0 checkpoint (``tiny_pi0_config``) with its processor
     (``tiny_pi0_processor``), which ``PI0ForConditionalGeneration.from_pretrained`` and
     ``AutoProcessor.from_pretrained`` load; the same seed gives the same weights."""
-    from transformers import PI0ForConditionalGeneration
-
     processor = tiny_pi0_processor()
     config = tiny_pi0_config(len(processor.tokenizer), processor.image_token_id, width)
+    return save_seeded("PI0ForConditionalGeneration", config, processor, out, seed)
+
+
+def save_seeded(model_class: str, config, processor, out: str | Path, seed: int) -> Path:
+    """Write transformers' ``model_class`` of ``config``, initialised under ``seed``,
+    with ``processor`` to ``out``."""
+    import transformers
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = PI0ForConditionalGeneration(config)
+        model = getattr(transformers, model_class)(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -219,6 +230,7 @@ class Pi0Backbone(VelocityBackbone):
     HAS_VLM = True
     SAVED_APART = "model."
     MODEL_CLASS = "PI0ForConditionalGeneration"  # transformers' class of the checkpoint
+    CONFIG_CLASS = "PI0Config"  # and of its config
 
     def __init__(
         self,
@@ -252,6 +264,11 @@ class Pi0Backbone(VelocityBackbone):
     def build_tiny(out: str | Path, seed: int = 0, width: int = 64) -> Path:
         """Write a tiny random checkpoint of this family (``build_tiny_pi0``)."""
         return build_tiny_pi0(out, seed, width)
+
+    @staticmethod
+    def sized_processor(config, chunk: int):
+        """The tiny processor sized for ``config`` (``sized_pi0_processor``)."""
+        return sized_pi0_processor(config, chunk)
 
     @classmethod
     def from_pretrained(

@@ -26,9 +26,11 @@ from omni_rl.models.pi0 import (
     Pi0Prefix,
     check_images,
     normalize,
+    save_seeded,
+    sized_pi0_processor,
+    tiny_pi0_processor,
     tiny_vlm_and_expert,
 )
-from omni_rl.runtime import umask_files
 
 
 def tiny_pi05_config(
@@ -43,40 +45,18 @@ def tiny_pi05_config(
 
 
 def tiny_pi05_processor(image_size: int = 32, chunk: int = 8, dims: int = 8, image_tokens: int = 16):
-    """transformers' ``PI05Processor`` over the offline byte-level tokenizer and
-    ``image_size``² images (``image_tokens`` tokens each), as ``tiny_pi0_processor``.
+    """``tiny_pi0_processor``'s byte-level processor as transformers' ``PI05Processor``.
     No statistics: ``pi05_inputs`` discretizes the state as it is."""
-    from transformers import PI0ImageProcessor, PI05Processor
-
-    from omni_rl.models.tokenizer import byte_level_tokenizer
-
-    specials = ["<pad>", "<bos>", "<eos>"]
-    tokenizer = byte_level_tokenizer(specials, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    images = PI0ImageProcessor(
-        size={"max_height": image_size, "max_width": image_size},
-        pad_size={"height": image_size, "width": image_size},
-        image_seq_length=image_tokens,
-    )
-    return PI05Processor(images, tokenizer, max_state_dim=dims, chunk_size=chunk)
+    return tiny_pi0_processor(image_size, chunk, dims, image_tokens, "PI05Processor")
 
 
 def build_tiny_pi05(out: str | Path, seed: int = 0, width: int = 64) -> Path:
     """Write a tiny random-init PI05 checkpoint (``tiny_pi05_config``) with its processor
     (``tiny_pi05_processor``), which transformers' ``from_pretrained`` loads; the same
     seed gives the same weights."""
-    from transformers import PI05ForConditionalGeneration
-
     processor = tiny_pi05_processor()
     config = tiny_pi05_config(len(processor.tokenizer), processor.image_token_id, width)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = PI05ForConditionalGeneration(config)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    umask_files(out)  # safetensors writes 600
-    return out
+    return save_seeded("PI05ForConditionalGeneration", config, processor, out, seed)
 
 
 def pi05_inputs(processor, images: torch.Tensor, instructions: list[str], state: torch.Tensor, max_tokens: int = 200):
@@ -85,8 +65,9 @@ def pi05_inputs(processor, images: torch.Tensor, instructions: list[str], state:
     the processor's mean and std when it has them, then written into the prompt by the
     processor's own ``build_prompts`` (its 256 bins over [-1, 1]); prompts padded to
     the longest. ``state`` stays in the observation for its batch size and device; the
-    model reads it from the prompt alone. A prompt longer than ``max_tokens`` (the
-    processor's own text length, image tokens included) is refused, naming its row."""
+    model reads it from the prompt alone. A prompt whose text (its tokens but the
+    image's) is longer than ``max_tokens`` (openpi's 200 for pi_0.5) is refused, naming
+    its row."""
     check_images(images, instructions, state, "pi05")
     if getattr(processor, "state_q01", None) is not None or getattr(processor, "actions_q01", None) is not None:
         raise OmniRLError("pi05 processor: quantile statistics (q01/q99) are not supported yet; give mean and std")
@@ -94,12 +75,12 @@ def pi05_inputs(processor, images: torch.Tensor, instructions: list[str], state:
     cameras = [[image] for image in images]
     prompts = processor.build_prompts(list(instructions), cameras, state.cpu())
     text = processor.tokenizer(prompts, padding="longest", padding_side="right", return_tensors="pt")
-    lengths = text["attention_mask"].sum(-1)
+    lengths = (text["attention_mask"] * (text["input_ids"] != processor.image_token_id)).sum(-1)
     if int(lengths.max()) > max_tokens:
         row = int(lengths.argmax())
         raise OmniRLError(
             f"pi05 observations: env {row}'s prompt ({instructions[row]!r} and its state) is "
-            f"{int(lengths[row])} tokens, over the limit of {max_tokens}"
+            f"{int(lengths[row])} tokens besides the image's, over the limit of {max_tokens}"
         )
     pixels = processor.image_processor(list(images), return_tensors="pt")["pixel_values"]
     present = torch.ones(len(instructions), 1, dtype=torch.bool)
@@ -113,11 +94,17 @@ class Pi05Backbone(Pi0Backbone):
 
     KIND = "pi05"
     MODEL_CLASS = "PI05ForConditionalGeneration"
+    CONFIG_CLASS = "PI05Config"
 
     @staticmethod
     def build_tiny(out: str | Path, seed: int = 0, width: int = 64) -> Path:
         """Write a tiny random checkpoint of this family (``build_tiny_pi05``)."""
         return build_tiny_pi05(out, seed, width)
+
+    @staticmethod
+    def sized_processor(config, chunk: int):
+        """``tiny_pi05_processor`` sized for a PI05 ``config`` (``sized_pi0_processor``)."""
+        return sized_pi0_processor(config, chunk, tiny_pi05_processor)
 
     def __init__(self, model, processor=None, layout=None, env_action_dim=None, privileged_dim=0):
         super().__init__(model, processor, layout, env_action_dim, privileged_dim)
