@@ -137,27 +137,12 @@ def pi0_observations(policy, batch: int = 3, seed: int = 0):
 
 @pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
 def test_the_policy_with_its_noise_zeroed_samples_pi0s_own_actions(tiny_pi0, method):
-    """The chain with every stochastic step's draw at 0 (the noise head's and the SDE's
-    std forced out) and the deterministic sampler both give ``sample_actions``."""
+    """``vla_checks``; pi_0's model takes the state beside the prefix."""
+    from vla_checks import assert_zeroed_noise_samples_the_models_actions
+
     policy = pi0_policy(tiny_pi0, method=method).eval()
     obs = pi0_observations(policy)
-    noise = policy.noise(3, torch.Generator().manual_seed(2))
-    noise.steps.zero_()
-    if method == "flow_sde":  # the SDE step's mean is not the ODE's: only the deterministic path applies
-        drawn = policy.sample(obs, deterministic=True, start=noise.start)
-    else:
-        drawn = policy.sample(obs, noise=noise)
-    with torch.no_grad():
-        want = policy.backbone.model.sample_actions(
-            state=obs.state,
-            noise=noise.start.clone(),
-            input_ids=obs.input_ids,
-            attention_mask=obs.attention_mask,
-            pixel_values=obs.pixel_values,
-            pixel_attention_mask=obs.pixel_attention_mask,
-            num_steps=policy.steps,
-        )
-    torch.testing.assert_close(drawn.actions, want, atol=1e-5, rtol=1e-5)
+    assert_zeroed_noise_samples_the_models_actions(policy, obs, method, {"state": obs.state})
 
 
 def test_the_chain_logprob_is_the_hand_computed_one_and_scoring_repeats_sampling(tiny_pi0):
@@ -240,23 +225,11 @@ def test_the_critic_without_a_graph_gives_the_detached_critics_values_and_gradie
 
 
 def test_the_bc_loss_is_pi0s_own_flow_matching_loss(tiny_pi0):
+    from vla_checks import assert_bc_loss_is_the_models_loss
+
     policy = pi0_policy(tiny_pi0)
     obs = pi0_observations(policy)
-    generator = torch.Generator().manual_seed(4)
-    actions = torch.randn(3, 8, 8, generator=generator)
-    eps, t = torch.randn(3, 8, 8, generator=generator), torch.rand(3, generator=generator)
-    ours = policy.bc_loss(obs, actions, torch.ones(3, 8), t, eps)
-    theirs = policy.backbone.model(
-        state=obs.state,
-        noise=eps,
-        timestep=t,
-        actions=actions,
-        input_ids=obs.input_ids,
-        attention_mask=obs.attention_mask,
-        pixel_values=obs.pixel_values,
-        pixel_attention_mask=obs.pixel_attention_mask,
-    ).loss
-    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    assert_bc_loss_is_the_models_loss(policy, obs, {"state": obs.state})
 
 
 def test_the_bc_loss_on_fewer_env_numbers_is_pi0s_own_loss_over_them(tiny_pi0):
@@ -402,15 +375,10 @@ def test_a_policy_clones_normalized_actions_and_drives_the_env_unnormalized(tiny
 
 
 def test_one_prefix_per_observation_in_sampling_and_scoring(tiny_pi0):
+    from vla_checks import sample_and_score_counting_vlm_passes
+
     policy = pi0_policy(tiny_pi0, method="flow_sde", sde_mode="chain")
-    obs = pi0_observations(policy)
-    calls = []
-    hook = policy.backbone.model.model.vlm.register_forward_hook(lambda *_: calls.append(1))
-    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(5))
-    assert len(calls) == 1
-    logp, _, value = policy(obs, drawn.chain, drawn.stochastic)
-    assert len(calls) == 2
-    hook.remove()
+    _, (logp, _, value) = sample_and_score_counting_vlm_passes(policy, pi0_observations(policy), 5)
     (logp.sum() + value.sum()).backward()
     trained = {name for name, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert not any(".vlm." in name for name in trained) and any(".dit." in name for name in trained)

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vla_checks import (
+    assert_bc_loss_is_the_models_loss,
+    assert_zeroed_noise_samples_the_models_actions,
+    sample_and_score_counting_vlm_passes,
+)
 
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy
@@ -93,45 +98,13 @@ def test_quantile_statistics_and_long_prompts_are_refused(tiny_pi05):
 
 @pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
 def test_the_policy_with_its_noise_zeroed_samples_pi05s_own_actions(tiny_pi05, processor, method):
-    """The chain with every stochastic step's draw at 0 and the deterministic sampler
-    give ``PI05ForConditionalGeneration.sample_actions`` on the same start noise."""
+    """pi_0.5 takes the state in the prompt: its model's calls take the prefix alone."""
     policy = pi05_policy(tiny_pi05, processor, method=method).eval()
-    obs = observations(processor)
-    noise = policy.noise(3, torch.Generator().manual_seed(2))
-    noise.steps.zero_()
-    if method == "flow_sde":  # the SDE step's mean is not the ODE's: only the deterministic path applies
-        drawn = policy.sample(obs, deterministic=True, start=noise.start)
-    else:
-        drawn = policy.sample(obs, noise=noise)
-    with torch.no_grad():
-        want = policy.backbone.model.sample_actions(
-            noise=noise.start.clone(),
-            input_ids=obs.input_ids,
-            attention_mask=obs.attention_mask,
-            pixel_values=obs.pixel_values,
-            pixel_attention_mask=obs.pixel_attention_mask,
-            num_steps=policy.steps,
-        )
-    torch.testing.assert_close(drawn.actions, want, atol=1e-5, rtol=1e-5)
+    assert_zeroed_noise_samples_the_models_actions(policy, observations(processor), method, {})
 
 
 def test_the_bc_loss_is_pi05s_own_flow_matching_loss(tiny_pi05, processor):
-    policy = pi05_policy(tiny_pi05, processor)
-    obs = observations(processor)
-    generator = torch.Generator().manual_seed(4)
-    actions = torch.randn(3, 8, 8, generator=generator)
-    eps, t = torch.randn(3, 8, 8, generator=generator), torch.rand(3, generator=generator)
-    ours = policy.bc_loss(obs, actions, torch.ones(3, 8), t, eps)
-    theirs = policy.backbone.model(
-        noise=eps,
-        timestep=t,
-        actions=actions,
-        input_ids=obs.input_ids,
-        attention_mask=obs.attention_mask,
-        pixel_values=obs.pixel_values,
-        pixel_attention_mask=obs.pixel_attention_mask,
-    ).loss
-    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    assert_bc_loss_is_the_models_loss(pi05_policy(tiny_pi05, processor), observations(processor), {})
 
 
 def test_one_vlm_pass_per_observation_in_sampling_and_scoring(tiny_pi05, processor):
@@ -139,14 +112,7 @@ def test_one_vlm_pass_per_observation_in_sampling_and_scoring(tiny_pi05, process
     number of denoising steps; the chain scores as it was drawn, and the gradient of
     the chain's log-likelihood reaches the expert, not the frozen VLM."""
     policy = pi05_policy(tiny_pi05, processor).train()
-    obs = observations(processor)
-    calls = []
-    hook = policy.backbone.model.model.vlm.register_forward_hook(lambda *_: calls.append(1))
-    drawn = policy.sample(obs, generator=torch.Generator().manual_seed(3))
-    assert len(calls) == 1
-    logp, entropy, value = policy(obs, drawn.chain, drawn.stochastic)
-    hook.remove()
-    assert len(calls) == 2
+    drawn, (logp, entropy, value) = sample_and_score_counting_vlm_passes(policy, observations(processor), 3)
     torch.testing.assert_close(logp, drawn.logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(value, drawn.value)
     (logp.sum() + entropy.sum()).backward()
