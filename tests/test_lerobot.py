@@ -113,3 +113,59 @@ def test_the_cli_converts_a_lerobot_pi0(tiny, tmp_path, capsys):
     argv = ["convert-policy", str(source), str(out), "--tokenizer", str(tiny), "--sizes", str(tiny / "config.json")]
     assert main(argv) == 0
     assert (out / "model.safetensors").is_file() and "wrote" in capsys.readouterr().out
+
+
+def gemma_style_tokenizer(out: Path) -> Path:
+    """A small tokenizer of PaliGemma's kind, written where ``--tokenizer`` reads it:
+    transformers' ``GemmaTokenizer`` (SentencePiece's BPE as a tokenizer.json: ``▁`` for
+    spaces, no dummy prefix, byte fallback), with the words of PixelTargets'
+    instructions merged into pieces."""
+    from transformers import GemmaTokenizer
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", "<bos>", "<unk>"])}
+    vocab.update({f"<0x{b:02X}>": 4 + b for b in range(256)})
+    for piece in ["▁", *"abcdefghijklmnopqrstuvwxyz"]:
+        vocab[piece] = len(vocab)
+    merges = []
+    for word in ["go", "to", "the", "red", "blue", "target"]:
+        piece = "▁"
+        for letter in word:
+            merges.append((piece, letter))
+            piece += letter
+            vocab.setdefault(piece, len(vocab))
+    GemmaTokenizer(vocab=vocab, merges=merges).save_pretrained(out)
+    return out
+
+
+def test_a_pi0_converts_with_a_sentencepiece_style_tokenizer_and_reads_its_pieces(tmp_path):
+    """PaliGemma's tokenizer path, offline: a tiny pi0 whose vocabulary is a
+    SentencePiece-style Gemma tokenizer's converts with ``--tokenizer`` pointing at it;
+    the processor keeps the GemmaTokenizer, its image placeholder is the model's, and an
+    observation's prompt holds the instruction's pieces (``▁red``, bytes for what the
+    vocabulary lacks) after the image tokens and ``<bos>``."""
+    from transformers import AutoProcessor, AutoTokenizer, PI0Processor
+
+    from omni_rl.models.pi0 import Pi0Backbone, pi0_inputs, save_seeded, tiny_pi0_config, tiny_pi0_processor
+
+    words = gemma_style_tokenizer(tmp_path / "paligemma")
+    processor = PI0Processor(
+        tiny_pi0_processor().image_processor, AutoTokenizer.from_pretrained(words), max_state_dim=8, chunk_size=8
+    )
+    config = tiny_pi0_config(len(processor.tokenizer), processor.image_token_id)
+    tiny = save_seeded("PI0ForConditionalGeneration", config, processor, tmp_path / "tiny", seed=3)
+    source = lerobot_checkpoint(tiny, tmp_path / "lerobot")
+    out = convert_lerobot_pi0(source, tmp_path / "out", tokenizer=words, sizes=tiny / "config.json")
+
+    converted = AutoProcessor.from_pretrained(out)
+    assert type(converted.tokenizer).__name__ == "GemmaTokenizer"
+    assert converted.image_token_id == processor.image_token_id == config.vlm_config.image_token_id
+    images = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    obs = pi0_inputs(converted, images, ["go to the red target", "go to the purple target"], torch.zeros(2, 6))
+    text = obs.input_ids[0][obs.input_ids[0] != converted.image_token_id]
+    pieces = converted.tokenizer.convert_ids_to_tokens(text[obs.attention_mask[0][16:].bool()].tolist())
+    assert pieces == ["<bos>", "g", "o", "▁to", "▁the", "▁red", "▁target", "<0x0A>"]
+    assert "p" in converted.tokenizer.convert_ids_to_tokens(obs.input_ids[1].tolist())  # a word it lacks, spelled
+    backbone = Pi0Backbone.from_pretrained(out, converted, env_action_dim=6)
+    x = torch.randn(2, 8, 8)
+    velocity, _ = backbone.velocity(x, torch.ones(2), backbone.encode(obs))
+    assert velocity.shape == x.shape and velocity.isfinite().all()
