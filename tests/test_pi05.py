@@ -65,13 +65,22 @@ def test_the_tiny_checkpoint_loads_and_the_cli_writes_it(tiny_pi05, tmp_path, ca
     assert model.config.vlm_config.text_config.hidden_size == 32
 
 
-def test_the_state_goes_into_the_prompt_as_pi05s_processor_writes_it(tiny_pi05, processor):
-    """With state statistics (any: PI05Processor refuses a state without them),
-    ``pi05_inputs`` gives what the processor's own call gives: the prompt with the
-    discretized state, the images, the masks."""
+@pytest.mark.parametrize(
+    "stats",
+    [
+        {"state_mean": [0.1, -0.2], "state_std": [0.5, 2.0]},
+        {"state_q01": [-0.8, -1.5], "state_q99": [0.9, 1.5], "state_mean": [5.0, 5.0], "state_std": [9.0, 9.0]},
+    ],
+    ids=["mean_std", "quantiles"],
+)
+def test_the_state_goes_into_the_prompt_as_pi05s_processor_writes_it(tiny_pi05, processor, stats):
+    """With state statistics (PI05Processor refuses a state without them), mean and std
+    or quantiles (which it prefers where it has both), ``pi05_inputs`` gives what the
+    processor's own call gives: the prompt with the discretized state, the images, the
+    masks."""
     from transformers import AutoProcessor
 
-    stats = AutoProcessor.from_pretrained(tiny_pi05, state_mean=[0.1, -0.2], state_std=[0.5, 2.0])
+    stats = AutoProcessor.from_pretrained(tiny_pi05, **stats)
     generator = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8, generator=generator)
     state = torch.rand(3, 2, generator=generator) * 2 - 1
@@ -84,13 +93,30 @@ def test_the_state_goes_into_the_prompt_as_pi05s_processor_writes_it(tiny_pi05, 
     assert not torch.equal(moved.input_ids, ours.input_ids)  # the model sees the state
 
 
-def test_quantile_statistics_and_long_prompts_are_refused(tiny_pi05):
+def test_quantile_statistics_normalize_as_pi05s_processor_does_and_back(tiny_pi05):
+    """Quantiles map [q01, q99] to [-1, 1] (``PI05Processor.normalize``, a zero range
+    divided by 1e-8), and ``unnormalize`` takes the model's actions back; half a pair
+    is refused."""
+    from transformers import AutoProcessor
+
+    from omni_rl.models.pi0 import normalize, unnormalize
+
+    q01, q99 = [-1.0, 0.5, 2.0], [3.0, 0.5, 4.0]
+    quantiles = AutoProcessor.from_pretrained(tiny_pi05, actions_q01=q01, actions_q99=q99)
+    actions = torch.randn(4, 8, 3, generator=torch.Generator().manual_seed(5)) * 3
+    ours = normalize(quantiles, "actions", actions)
+    torch.testing.assert_close(ours, quantiles.normalize(actions, "actions"), atol=0, rtol=0)
+    back = unnormalize(quantiles, "actions", ours)
+    torch.testing.assert_close(back[..., [0, 2]], actions[..., [0, 2]])
+    half = AutoProcessor.from_pretrained(tiny_pi05, actions_q01=q01)
+    with pytest.raises(OmniRLError, match="actions_q01 and actions_q99 go together"):
+        normalize(half, "actions", actions)
+
+
+def test_long_prompts_are_refused(tiny_pi05):
     from transformers import AutoProcessor
 
     images = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
-    quantiles = AutoProcessor.from_pretrained(tiny_pi05, state_q01=[-1.0, -1.0], state_q99=[1.0, 1.0])
-    with pytest.raises(OmniRLError, match="quantile"):
-        pi05_inputs(quantiles, images, ["go"], torch.zeros(1, 2))
     plain = AutoProcessor.from_pretrained(tiny_pi05)
     with pytest.raises(OmniRLError, match=r"env 0's prompt .* tokens besides the image's, over the limit of 30"):
         pi05_inputs(plain, images, ["go to the red target"], torch.zeros(1, 2), max_tokens=30)

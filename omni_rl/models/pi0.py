@@ -483,40 +483,54 @@ NUMBERS = {"state": "state", "actions": "action"}
 errors name them."""
 
 
-def statistics(processor, feature: str, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The processor's mean and std [A] of ``feature`` ("state" or "actions") on
-    ``values``' ([..., A]) device and dtype (PI0Processor keeps them as lists, and its own
-    ``normalize`` makes CPU tensors of them); None where there is no processor or it has
-    no statistics of ``feature``."""
-    mean, std = getattr(processor, f"{feature}_mean", None), getattr(processor, f"{feature}_std", None)
-    if mean is None and std is None:
-        return None
-    if mean is None or std is None:
-        raise OmniRLError(f"pi0 processor: {feature}_mean and {feature}_std go together; it has only one of them")
-    mean, std = (torch.as_tensor(v, dtype=values.dtype, device=values.device) for v in (mean, std))
-    if not mean.shape == std.shape == (values.shape[-1],):
-        raise OmniRLError(
-            f"pi0 processor: {NUMBERS[feature]} statistics of {mean.numel()} numbers (mean) and {std.numel()} (std) "
-            f"for the env's {values.shape[-1]} {NUMBERS[feature]} numbers"
-        )
-    return mean, std
+STATISTICS = {"quantiles": ("q01", "q99"), "mean_std": ("mean", "std")}
+"""The statistics a processor may hold of a feature, in the order they are preferred
+(``PI05Processor.normalize``: quantiles where it has them, else mean and std)."""
+
+
+def statistics(processor, feature: str, values: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor] | None:
+    """(rule, low, high): the processor's statistics [A] of ``feature`` ("state" or
+    "actions") by ``STATISTICS``' order (quantiles q01 and q99, or mean and std), on
+    ``values``' ([..., A]) device and dtype (the processors keep them as lists, and their
+    own ``normalize`` makes CPU tensors of them); None where there is no processor or it
+    has no statistics of ``feature``."""
+    for rule, names in STATISTICS.items():
+        low, high = (getattr(processor, f"{feature}_{name}", None) for name in names)
+        if low is None and high is None:
+            continue
+        pair = " and ".join(f"{feature}_{name}" for name in names)
+        if low is None or high is None:
+            raise OmniRLError(f"pi0 processor: {pair} go together; it has only one of them")
+        low, high = (torch.as_tensor(v, dtype=values.dtype, device=values.device) for v in (low, high))
+        if not low.shape == high.shape == (values.shape[-1],):
+            raise OmniRLError(
+                f"pi0 processor: {NUMBERS[feature]} statistics of {low.numel()} numbers ({names[0]}) and "
+                f"{high.numel()} ({names[1]}) for the env's {values.shape[-1]} {NUMBERS[feature]} numbers"
+            )
+        return rule, low, high
+    return None
 
 
 def normalize(processor, feature: str, values: torch.Tensor) -> torch.Tensor:
-    """Env states or actions [..., A] in the units pi_0 learns: (v - mean) / (std + 1e-8)
-    by the processor's statistics of ``feature`` (``PI0Processor.normalize``'s rule,
-    before padding), unchanged without them."""
+    """Env states or actions [..., A] in the units the model learns, by the processor's
+    statistics of ``feature`` (before padding), unchanged without them: quantiles map
+    [q01, q99] to [-1, 1] (``PI05Processor.normalize``'s rule), mean and std give
+    (v - mean) / (std + 1e-8) (``PI0Processor.normalize``'s)."""
     found = statistics(processor, feature, values)
     if found is None:
         return values
-    mean, std = found
-    return (values - mean) / (std + 1e-8)
+    rule, low, high = found
+    if rule == "quantiles":
+        return 2.0 * (values - low) / torch.where(high - low == 0, 1e-8, high - low) - 1.0
+    return (values - low) / (high + 1e-8)
 
 
 def unnormalize(processor, feature: str, values: torch.Tensor) -> torch.Tensor:
-    """``normalize`` reversed: pi_0's values [..., A] in the env's units."""
+    """``normalize`` reversed: the model's values [..., A] in the env's units."""
     found = statistics(processor, feature, values)
     if found is None:
         return values
-    mean, std = found
-    return values * (std + 1e-8) + mean
+    rule, low, high = found
+    if rule == "quantiles":
+        return (values + 1.0) / 2.0 * torch.where(high - low == 0, 1e-8, high - low) + low
+    return values * (high + 1e-8) + low

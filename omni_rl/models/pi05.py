@@ -9,7 +9,7 @@ mixed into the action tokens. So the prefix, encoded once per observation, alrea
 holds everything the observation says, and pi_RL's critic for pi_0.5 reads the VLM's
 features of it (the masked mean of its last hidden states), not the expert's.
 Everything else (the chain, the noise head on the expert's tokens, cloning, the
-processor's statistics, saving) is ``Pi0Backbone``'s.
+processor's statistics, quantiles included, saving) is ``Pi0Backbone``'s.
 """
 
 from __future__ import annotations
@@ -62,15 +62,14 @@ def build_tiny_pi05(out: str | Path, seed: int = 0, width: int = 64) -> Path:
 def pi05_inputs(processor, images: torch.Tensor, instructions: list[str], state: torch.Tensor, max_tokens: int = 200):
     """A ``Pi0Observation`` from one camera's uint8 images [N, 3, H, W], N instructions
     and N states, through ``processor`` (a ``PI05Processor``): the state normalized by
-    the processor's mean and std when it has them, then written into the prompt by the
+    the processor's statistics when it has them (quantiles, or mean and std: its own
+    ``normalize``'s rule, ``omni_rl.models.pi0.normalize``), then written into the prompt by the
     processor's own ``build_prompts`` (its 256 bins over [-1, 1]); prompts padded to
     the longest. ``state`` stays in the observation for its batch size and device; the
     model reads it from the prompt alone. A prompt whose text (its tokens but the
     image's) is longer than ``max_tokens`` (openpi's 200 for pi_0.5) is refused, naming
     its row."""
     check_images(images, instructions, state, "pi05")
-    if getattr(processor, "state_q01", None) is not None or getattr(processor, "actions_q01", None) is not None:
-        raise OmniRLError("pi05 processor: quantile statistics (q01/q99) are not supported yet; give mean and std")
     state = normalize(processor, "state", state.float())
     cameras = [[image] for image in images]
     prompts = processor.build_prompts(list(instructions), cameras, state.cpu())
