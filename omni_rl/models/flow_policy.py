@@ -187,7 +187,6 @@ class VelocityBackbone(nn.Module, ABC):
     KIND: ClassVar[str]  # its policy.type
     DEFAULT_VALUE_INPUT: ClassVar[str] = "obs"  # value_input when unset
     HAS_VLM: ClassVar[bool] = False  # whether train_vlm switches a VLM per phase
-    STEPS_IN_ONE_PASS: ClassVar[bool] = False  # scoring runs a chain's K steps as one batch (``repeat``)
     SAVED_APART: ClassVar[str | None] = None  # the prefix of the weights ``save`` writes itself
 
     horizon: int
@@ -218,8 +217,10 @@ class VelocityBackbone(nn.Module, ABC):
         return [self.privileged_dim if value_input == "obs" else self.feature_dim, width, 1]
 
     def repeat(self, context, times: int):
-        """The context of each observation ``times`` times in a row (``STEPS_IN_ONE_PASS``)."""
-        raise NotImplementedError(f"{type(self).__name__} scores a chain's steps one after another")
+        """The context of each observation ``times`` times in a row, so that scoring runs a
+        chain's K steps as one batch; None (here): this backbone's context does not
+        repeat (a prefix's key-value cache), and the steps run one after another."""
+        return None
 
     def from_env(self, actions: torch.Tensor) -> torch.Tensor:
         """Actions in the env's units [..., env_action_dim] as the velocity field reads them."""
@@ -254,7 +255,6 @@ class StateBackbone(VelocityBackbone):
     encoder's features. The noise head reads the velocity MLP's input."""
 
     KIND = "mlp"
-    STEPS_IN_ONE_PASS = True
 
     def __init__(self, config: FlowPolicyConfig, obs_dim: int, action_dim: int):
         super().__init__()
@@ -545,9 +545,10 @@ class FlowPolicy(nn.Module):
         n, k = len(obs), self.steps
         context = self.backbone.encode(obs)
         times = self.times(obs.device).to(chain.dtype)
-        if self.backbone.STEPS_IN_ONE_PASS:
+        repeated = self.backbone.repeat(context, k)
+        if repeated is not None:
             x = chain[:, :k].reshape(n * k, *self.chunk_shape)
-            _, mean, std = self._transition(x, times.repeat(n), self.backbone.repeat(context, k))
+            _, mean, std = self._transition(x, times.repeat(n), repeated)
             mean, std = mean.view(n, k, *self.chunk_shape), std.view(n, k, *self.chunk_shape)
         else:
             means, stds = [], []
