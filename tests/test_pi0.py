@@ -620,10 +620,12 @@ def test_flow_ppo_needs_the_pi0_checkpoint_and_an_mlp_policy_has_no_vlm():
 
 
 @pytest.mark.slow
-def test_two_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path):
+@pytest.mark.parametrize("kind", ["pi0", "pi05"])
+def test_two_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_path, kind):
     """torchrun, 2 processes (gloo on CPU) under DDP and under FSDP2, each with half the
     envs: the same weights (heads, action expert, and the VLM that behaviour cloning
-    trains) and metrics as one process; FSDP2's run saves its checkpoints too."""
+    trains) and metrics as one process; FSDP2's run saves its checkpoints too. pi_0 and
+    pi_0.5 alike."""
     import itertools
     import json
     import os
@@ -634,16 +636,18 @@ def test_two_processes_train_the_pi0_policy_one_process_trains(tiny_pi0, tmp_pat
     from safetensors.torch import load_file
 
     from omni_rl.config import save_config
+    from omni_rl.models.pi05 import build_tiny_pi05
     from omni_rl.recipe_loader import config_from_dict
     from omni_rl.sim.experts import collect_demos
 
+    checkpoint = tiny_pi0 if kind == "pi0" else build_tiny_pi05(tmp_path / "pi05", seed=0)
     demos = tmp_path / "demos.safetensors"
     collect_demos("PixelTargets-v0", 4, demos, num_envs=2)
     config = {
         "recipe": "flow_ppo",
         "run": {"seed": 0, "device": "cpu"},
         "env": {"task": "PixelTargets-v0", "num_envs": 4, "max_episode_steps": 10, "ignore_terminations": False},
-        "policy": {"type": "pi0", "path": str(tiny_pi0), "horizon": 8, "executed": 5, "width": 32},
+        "policy": {"type": kind, "path": str(checkpoint), "horizon": 8, "executed": 5, "width": 32},
         "bc": {"demos": str(demos), "steps": 2, "batch_size": 8},
         "ppo": {"epochs": 1, "minibatches": 2},
         "trainer": {"steps": 2, "eval_every": 0, "eval_episodes": 4},
