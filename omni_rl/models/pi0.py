@@ -158,7 +158,7 @@ class Pi0Prefix:
     cache: object
     attention_mask: torch.Tensor
     length: int
-    hidden: torch.Tensor  # [B, P, width] the VLM's last hidden states over the prefix
+    features: torch.Tensor | None  # [B, width] a critic's features of the VLM's output, detached (pi05)
 
 
 @dataclass
@@ -332,7 +332,13 @@ class Pi0Backbone(VelocityBackbone):
         attention = {m.layer_idx: m for m in core.vlm.modules() if isinstance(getattr(m, "layer_idx", None), int)}
         for index, layer in enumerate(cache.layers):
             gather_before_backward(attention[index], layer.keys, layer.values)
-        return Pi0Prefix(cache, attention_mask, cache.get_seq_length(), out.last_hidden_state)
+        features = self.prefix_features(out.last_hidden_state, attention_mask)
+        return Pi0Prefix(cache, attention_mask, cache.get_seq_length(), features)
+
+    def prefix_features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """What a critic on features keeps of the VLM's last hidden states [B, P, width]:
+        nothing here (pi_0's critic reads the expert's tokens), so they are not held."""
+        return None
 
     def expert(
         self, prefix: Pi0Prefix, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor

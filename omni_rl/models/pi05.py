@@ -128,7 +128,11 @@ class Pi05Backbone(Pi0Backbone):
         tokens = out.last_hidden_state[:, -self.horizon :]
         return model.action_out_proj(tokens), tokens
 
+    def prefix_features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The masked mean over the prompt, detached [B, width], kept with the prefix: the
+        hidden states themselves are not held past the VLM's pass."""
+        mask = attention_mask[..., None].to(hidden.dtype)
+        return (hidden.detach() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
     def critic_features(self, context: Pi0Context) -> torch.Tensor:
-        prefix = context.prefix
-        mask = prefix.attention_mask[..., None].to(prefix.hidden.dtype)
-        return (prefix.hidden.detach() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return context.prefix.features
