@@ -172,17 +172,17 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 @command(
     "convert-policy",
-    "write a LeRobot pi0 checkpoint as the transformers one policy.path loads (offline)",
+    "write a LeRobot pi0 or pi05 checkpoint as the transformers one policy.path loads (offline)",
     arg("source", metavar="LEROBOT_DIR", help="LeRobot's save_pretrained directory (config.json, model.safetensors)"),
     arg("out", metavar="OUT_DIR", help="output directory"),
-    arg("--tokenizer", required=True, metavar="DIR", help="a local tokenizer (PaliGemma's for a released pi0)"),
-    arg("--sizes", metavar="CONFIG", help="a transformers PI0 config.json whose vlm/dit sizes to use"),
+    arg("--tokenizer", required=True, metavar="DIR", help="a local tokenizer (PaliGemma's for a released pi0 or pi05)"),
+    arg("--sizes", metavar="CONFIG", help="a transformers PI0 or PI05 config.json whose vlm/dit sizes to use"),
 )
 def _convert_policy(args: argparse.Namespace) -> int:
-    from omni_rl.models.lerobot import convert_lerobot_pi0
+    from omni_rl.models.lerobot import convert_lerobot_policy
 
-    out = convert_lerobot_pi0(args.source, args.out, args.tokenizer, args.sizes)
-    print(f"wrote {out} (transformers PI0, its processor with LeRobot's statistics)")
+    out = convert_lerobot_policy(args.source, args.out, args.tokenizer, args.sizes)
+    print(f"wrote {out} (transformers PI0 or PI05, its processor with LeRobot's statistics)")
     return 0
 
 
