@@ -88,6 +88,11 @@ MOVES = {"wrap_direction": ((-1, 0), (1, 0)), "heading": ((0, -1), (0, 1), (-1, 
 # the colours a square of the direction, count and when kinds may have (red and blue
 # belong to the order kind's question)
 OTHER_COLORS = [c for c in COLORS if c not in ("red", "blue")]
+TWO_COLORED = ("order", "adjacent_order")
+"""The kinds whose clip shows a red and a blue square, not one square of another colour."""
+COLOR_QUESTION = "What colour is the square?"
+"""What a ``color`` row asks of a clip of one square (``color_rows``): its options are
+``OTHER_COLORS``, which no kind's answer depends on."""
 
 
 def _corner(rng: np.random.Generator) -> tuple[int, int]:
@@ -161,6 +166,12 @@ def grounding_baseline() -> tuple[list[float], float]:
 def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
     """The frames (uint8 [FRAMES, SIZE, SIZE, 3]) of one question of ``kind`` whose
     correct option is ``answer``."""
+    return colored_clip(kind, answer, rng)[0]
+
+
+def colored_clip(kind: str, answer: int, rng: np.random.Generator) -> tuple[np.ndarray, str | None]:
+    """``clip``'s frames and the colour of its one square, or None for the kinds whose
+    squares are red and blue (``order``, ``adjacent_order``)."""
     frames = np.empty((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
     frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
     pairs = FRAMES // 2
@@ -230,7 +241,7 @@ def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
             _flash(frames, range(first, first + length), corner, color)
     else:
         raise ValueError(f"no motion clip of kind {kind!r} (grounding clips come from grounding_clip)")
-    return frames
+    return frames, None if kind in TWO_COLORED else color
 
 
 def grounding_clip(rng: np.random.Generator) -> tuple[np.ndarray, list[float]]:
@@ -259,6 +270,7 @@ def write_motion_qa(
     shuffle: bool = False,
     decoy_every: int = 0,
     kinds: tuple[str, ...] = KINDS,
+    colors: bool = False,
 ) -> Path:
     """Render ``clips`` videos under ``out/media`` and write ``out/data.jsonl`` (one row
     per clip; ``kinds`` cycle, and so do answers within a kind, so both are balanced; a
@@ -273,6 +285,10 @@ def write_motion_qa(
     question opens with a sentence that states the answer (``TELLS``), so the text alone
     answers it; the clips, and every other row, are those of ``decoy_every=0``. The
     truth to check ``omni-rl curate text-only`` against.
+
+    ``colors`` records in each row whose clip shows one square its colour
+    (``square_color``), for ``color_rows`` (over ``blank`` frames too: the colour it
+    would have shown, so that the control asks the same rows).
     """
     out = Path(out)
     rng = np.random.default_rng(seed)
@@ -284,8 +300,9 @@ def write_motion_qa(
         if kind == "grounding":
             frames, span = grounding_clip(rng)
             options = [json.dumps(span)]
+            color = None
         else:
-            frames = clip(kind, answer, rng)
+            frames, color = colored_clip(kind, answer, rng)
         if blank:
             frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
         if shuffle:  # its own generator, so the shuffled set has the same scenes
@@ -299,7 +316,25 @@ def write_motion_qa(
         if kind in PROBLEM_TYPES:  # answered as a number or a span, not a letter
             del row["options"]
             row.update(problem_type=PROBLEM_TYPES[kind], answer=options[answer])
+        if colors and color is not None:
+            row["square_color"] = color
         rows.append({**row, "decoy": True} if decoy else row)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out / "data.jsonl"
+
+
+def color_rows(rows: list[dict]) -> list[dict]:
+    """A ``color`` question (``COLOR_QUESTION``, four options, the true answer) of the
+    clip of each row in ``rows`` that records its square's colour (``square_color``),
+    with the row's clip and the id ``<id>-color``: what a cold start can learn of the
+    clips, to look at them, without learning any kind's answer."""
+    asked = []
+    for row in rows:
+        if "square_color" in row:
+            answer = OTHER_COLORS.index(row["square_color"])
+            media = row["videos"][0]
+            asked.append(
+                choice_row(f"{row['id']}-color", COLOR_QUESTION, OTHER_COLORS, answer, "videos", media, "video_color")
+            )
+    return asked

@@ -11,10 +11,12 @@ from omni_rl.preprocess.motion import (
     FRAMELESS_KINDS,
     FRAMES,
     KINDS,
+    OTHER_COLORS,
     QUESTIONS,
     ROUTED_KINDS,
     SQUARE,
     clip,
+    color_rows,
     grounding_baseline,
     grounding_clip,
     write_motion_qa,
@@ -137,6 +139,31 @@ def test_controls_keep_the_rows_and_remove_the_frames_or_their_order(tmp_path):
         assert sorted(map(key, frames)) == sorted(map(key, mixed))
         moved += not bool((frames == mixed).all())
     assert moved >= 6
+
+
+def test_color_questions_ask_what_each_clip_shows_and_change_no_clip(tmp_path):
+    """The colour rows' answers are read back from the decoded pixels; recording the
+    colours changes no clip and no row but for the field; the order kind's red-and-blue
+    clips get no colour question; the colours are not the kinds' answers (each colour
+    falls on both answers of every kind)."""
+    plain = write_motion_qa(tmp_path / "plain", 96, seed=2, kinds=(*KINDS, "wrap_direction", "equal_count"))
+    data = write_motion_qa(tmp_path / "qa", 96, seed=2, kinds=(*KINDS, "wrap_direction", "equal_count"), colors=True)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "square_color"} for r in rows] == [
+        json.loads(line) for line in plain.read_text().splitlines()
+    ]
+    for row in rows:
+        assert (tmp_path / "qa" / row["videos"][0]).read_bytes() == (tmp_path / "plain" / row["videos"][0]).read_bytes()
+    asked = color_rows(rows)
+    assert len(asked) == sum(r["data_source"] != "video_order" for r in rows) == 80
+    seen = {}
+    for row, question in zip([r for r in rows if "square_color" in r], asked, strict=True):
+        frames = decoded(tmp_path / "qa" / question["videos"][0])
+        shown = [c for c in OTHER_COLORS if lit(frames, c).sum() > SQUARE * SQUARE]
+        assert shown == [OTHER_COLORS["ABCD".index(question["answer"])]] == [row["square_color"]]
+        assert question["options"] == OTHER_COLORS and question["id"] == f"{row['id']}-color"
+        seen.setdefault((row["data_source"], row["answer"]), set()).add(row["square_color"])
+    assert all(len(colors) >= 2 for colors in seen.values())  # 8 clips an answer: not one colour each
 
 
 def test_decoys_state_their_answer_and_change_nothing_else(tmp_path):

@@ -121,6 +121,58 @@ def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_quickstart_with_colour_questions_in_the_cold_start(tmp_path):
+    """The cold start's rows, answers shuffled, then the colour question of each of
+    their clips but the order kind's, with its true answer; the held-out set and GRPO's
+    rows ask the kinds alone."""
+    settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
+    assert video_quickstart(tmp_path, *settings, "data.sft_color_questions=true") == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sft_color_questions"] is True and set(summary["per_source"]) == {
+        f"video_{k}" for k in ("direction", "order", "count", "when")
+    }
+
+    def rows(path):
+        return [json.loads(line) for line in (tmp_path / "data" / path).read_text().splitlines()]
+
+    train, sft_rows = rows("train/data.jsonl"), rows("train/sft.jsonl")
+    kinds, colors = sft_rows[:8], sft_rows[8:]
+    assert [r["id"] for r in kinds] == [r["id"] for r in train[:8]]
+    assert [r["id"] for r in colors] == [f"{r['id']}-color" for r in train[:8] if r["data_source"] != "video_order"]
+    for question, row in zip(colors, [r for r in train[:8] if r["data_source"] != "video_order"], strict=True):
+        assert question["options"][["A", "B", "C", "D"].index(question["answer"])] == row["square_color"]
+        assert question["videos"] == row["videos"] and question["data_source"] == "video_color"
+    assert not any(r["data_source"] == "video_color" for r in rows("heldout/data.jsonl") + train)
+
+
+def test_answer_spread_is_zero_where_the_clips_show_nothing_and_not_where_they_do(tmp_path):
+    """``tools/answer_spread.py`` on two small runs' random starts: over blank frames every
+    question of a kind is the same prompt, so the answer's log-odds do not spread; over
+    the clips they do, a little (the random model reads them barely)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    small = ("data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=1")
+    spreads = {}
+    for name, extra in (("clips", ()), ("blank", ("data.blank_frames=true",))):
+        assert video_quickstart(tmp_path / name, *small, *extra) == 0
+        tool = Path(__file__).parent.parent / "tools" / "answer_spread.py"
+        result = subprocess.run(
+            [sys.executable, str(tool), str(tmp_path / name), "sft/tiny_model", "sft/model"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| sft/")]
+        assert len(rows) == 8 and all(int(r[2]) == 2 for r in rows)  # 2 models x 4 kinds, 2 questions each
+        assert all(0 <= float(r[5]) <= 1 and 0 <= float(r[6]) <= 1 for r in rows)
+        spreads[name] = [float(r[3]) for r in rows]
+    assert spreads["blank"] == [0.0] * 8
+    assert all(spread > 0 for spread in spreads["clips"])
+
+
 def test_quickstart_trains_grpo_on_the_rows_text_only_curation_keeps(tmp_path):
     """``data.curate: text-only``: the cold start's model asked every GRPO training
     question without its clip; GRPO trains on the rows kept, the summary holds the

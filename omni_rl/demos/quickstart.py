@@ -36,7 +36,7 @@ from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
-from omni_rl.preprocess.motion import KINDS, QUESTIONS, chance_of, write_motion_qa
+from omni_rl.preprocess.motion import KINDS, QUESTIONS, chance_of, color_rows, write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
@@ -65,6 +65,14 @@ def shuffle_answers(data: Path, seed: int) -> Path:
         for row, answer in zip(mine, answers, strict=True):
             row["answer"] = answer
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def add_color_rows(data: Path) -> Path:
+    """Append to ``data`` the colour question of each of its rows' clips that shows one
+    square (``color_rows``), the true answer; returns ``data``."""
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows + color_rows(rows)))
     return data
 
 
@@ -328,11 +336,15 @@ def main(cfg: QuickstartConfig) -> dict:
     # DATA: synthetic clips with known answers; the held-out split uses other scenes
     kinds = tuple(d.kinds)
     controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames, "decoy_every": d.decoy_every, "kinds": kinds}
-    train = write_motion_qa(out / "data" / "train", d.train_clips, cfg.run.seed, **controls)
+    train = write_motion_qa(
+        out / "data" / "train", d.train_clips, cfg.run.seed, colors=d.sft_color_questions, **controls
+    )
     heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, **controls)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl", len(kinds))
     if d.sft_shuffled_answers:
         shuffle_answers(sft_rows, cfg.run.seed)
+    if d.sft_color_questions:
+        add_color_rows(sft_rows)
     if d.sft_text_only:
         drop_clips(sft_rows, d.sft_text_only, cfg.run.seed)
     if d.unreachable_rows:  # after the cold start's rows are taken: GRPO's alone
@@ -342,6 +354,8 @@ def main(cfg: QuickstartConfig) -> dict:
     grpo_rows = without_decoys(train) if d.curate == "labels" else train
     after_sft, after_rl = run_phases(cfg, grpo_rows, sft_rows, heldout, chosen)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
+    if d.sft_color_questions:
+        controls |= {"sft_color_questions": True}
     if d.decoy_every or d.sft_text_only:
         controls |= {"decoy_every": d.decoy_every, "sft_text_only": d.sft_text_only}
     if d.unreachable_rows:

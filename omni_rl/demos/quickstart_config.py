@@ -56,6 +56,12 @@ class QuickstartData:
     """The cold start learns the answers shuffled among the rows of each kind: it
     teaches the answer format and leaves the questions at chance, for GRPO to learn from
     the frames (off: the true answers, which SFT itself learns)."""
+    sft_color_questions: bool = False
+    """The cold start also asks, of each of its clips that shows one square, the
+    square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``):
+    the tiny model, which starts from random weights, learns to look at the clips
+    without learning any kind's answer (no kind's answer depends on the colour). The
+    held-out questions are the kinds' alone."""
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay at chance)."""
     shuffle_frames: bool = False
