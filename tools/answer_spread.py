@@ -10,13 +10,18 @@ model of the run named:
   whatever the clip shows has 0;
 - their mean: the model's lean to one letter, whatever the clip;
 - P(correct): the probability of the right letter among the options, averaged over
-  the clips (0.5 for two options at chance);
+  the clips (0.5 for two options at chance), and how often the most probable letter
+  is the right one;
 - the letters' share of the next token's probability (how much of it is an answer at all).
 
 The models default to the run's random start (``sft/tiny_model``), its SFT model
-(``sft/model``) and its GRPO model (``grpo/model``).
+(``sft/model``) and its GRPO model (``grpo/model``); the questions to the run's
+held-out set, or ``--data`` (a rows file of the run whose clips are in its cache, such
+as the cold start's ``data/train/sft.jsonl``), of the data sources ``--source`` names.
 
     python tools/answer_spread.py runs/quickstart [sft/tiny_model sft/model grpo/model]
+    python tools/answer_spread.py runs/quickstart sft/model --data runs/quickstart/data/train/sft.jsonl \
+        --source video_color
 """
 
 from __future__ import annotations
@@ -52,18 +57,24 @@ def letter_logprobs(model, processor, sample) -> torch.Tensor:
     return torch.log_softmax(logits, -1)[letters]
 
 
-def spread_rows(model, processor, data: MediaDataset) -> dict[str, list[tuple[float, float, float]]]:
-    """Per data source: (log-odds A over B, P(correct) among the options, the options'
-    probability mass) of each held-out question with options."""
-    found: dict[str, list[tuple[float, float, float]]] = {}
+def spread_rows(model, processor, data: MediaDataset, sources: set[str] | None = None) -> dict[str, list[tuple]]:
+    """Per data source (those in ``sources``, or all): (log-odds A over B, P(correct)
+    among the options, whether the most probable option is right, the options'
+    probability mass) of each question with options."""
+    found: dict[str, list[tuple]] = {}
     for i in range(len(data)):
         sample = data[i]
-        if not sample.options or len(sample.options) < 2:
+        if not sample.options or len(sample.options) < 2 or (sources and sample.data_source not in sources):
             continue
         logprobs = letter_logprobs(model, processor, sample)
         among = torch.log_softmax(logprobs, -1)
         right = LETTERS.index(str(sample.answer))
-        row = (float(among[0] - among[1]), float(among[right].exp()), float(logprobs.exp().sum()))
+        row = (
+            float(among[0] - among[1]),
+            float(among[right].exp()),
+            float(int(among.argmax()) == right),
+            float(logprobs.exp().sum()),
+        )
         found.setdefault(sample.data_source or "", []).append(row)
     return found
 
@@ -72,25 +83,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a video quickstart's output directory")
     parser.add_argument("models", nargs="*", default=["sft/tiny_model", "sft/model", "grpo/model"])
+    parser.add_argument("--data", type=Path, help="a rows file of the run (default: its held-out set)")
+    parser.add_argument("--source", action="append", help="only this data source (repeatable)")
     args = parser.parse_args()
     config = yaml.safe_load((args.run / "config.yaml").read_text())
     budgets = Budgets.from_config(MediaConfig(**config["media"]))
     data = MediaDataset(
-        args.run / "data" / "heldout" / "data.jsonl",
+        args.data or args.run / "data" / "heldout" / "data.jsonl",
         budgets,
         cache=args.run / "cache",
         prompt_template=config["data"]["prompt_template"],
     )
-    print("| model | kind | questions | log-odds A:B spread | mean | P(correct) | letters' mass |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| model | kind | questions | log-odds A:B spread | mean | P(correct) | most probable right | letters' mass |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.models:
         model, processor = load(args.run / name)
         model.eval()
-        for source, rows in sorted(spread_rows(model, processor, data).items()):
-            odds, right, mass = zip(*rows, strict=True)
+        for source, rows in sorted(spread_rows(model, processor, data, set(args.source or [])).items()):
+            odds, right, argmax, mass = zip(*rows, strict=True)
             print(
                 f"| {name} | {source} | {len(rows)} | {statistics.stdev(odds):.3f} | {statistics.fmean(odds):+.3f} "
-                f"| {statistics.fmean(right):.3f} | {statistics.fmean(mass):.2f} |"
+                f"| {statistics.fmean(right):.3f} | {statistics.fmean(argmax):.3f} | {statistics.fmean(mass):.2f} |"
             )
 
 

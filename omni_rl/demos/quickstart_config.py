@@ -58,10 +58,10 @@ class QuickstartData:
     the frames (off: the true answers, which SFT itself learns)."""
     sft_color_questions: bool = False
     """The cold start also asks, of each of its clips that shows one square, the
-    square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``):
-    the tiny model, which starts from random weights, learns to look at the clips
-    without learning any kind's answer (no kind's answer depends on the colour). The
-    held-out questions are the kinds' alone."""
+    square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``),
+    which no kind's answer depends on. The held-out questions are the kinds' alone.
+    Exploratory: GRPO left chance sooner with them at the seeds tried, though the
+    cold start does not learn the colours in its 100 steps (docs/results/quickstarts.md)."""
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay at chance)."""
     shuffle_frames: bool = False
