@@ -61,7 +61,8 @@ class QuickstartData:
     square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``),
     which no kind's answer depends on. The held-out questions are the kinds' alone.
     Exploratory: GRPO left chance sooner with them at the seeds tried, though the
-    cold start does not learn the colours in its 100 steps (docs/results/quickstarts.md)."""
+    cold start does not learn the colours in its 100 steps, and shuffled colour answers
+    did as well (docs/results/quickstarts.md)."""
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay at chance)."""
     shuffle_frames: bool = False
