@@ -460,6 +460,8 @@ def _curate(args: argparse.Namespace, rule) -> int:
     """Load the model and the config, curate ``args.data`` by ``rule``, print the report."""
     from pathlib import Path
 
+    import torch
+
     from omni_rl.data.config import DataConfig
     from omni_rl.engine import distributed
     from omni_rl.evaluation.curate import Asking, curate, report_table
@@ -501,6 +503,8 @@ def _curate(args: argparse.Namespace, rule) -> int:
         cache=data.cache,
         engine=engine,
         seed=run.seed,
+        # a bf16 model computes in bf16: features stored in bf16 are exact for it
+        inputs=("bfloat16" if model.dtype == torch.bfloat16 else "float32") if data.cache_inputs else None,
     )
     if distributed.ranks().is_main:
         print(report_table(result))
@@ -606,12 +610,41 @@ def _preprocess(args: argparse.Namespace) -> int:
     print(report.table())
     if report.failed:
         print(f"failures: {args.cache}/failures.jsonl")
+    if args.config is not None:
+        _cache_model_inputs(args)
     if args.strict and report.failed:
         rows = "1 row" if report.failed == 1 else f"{report.failed} rows"
         why = f"{rows} failed (listed in {args.cache}/failures.jsonl), first: {report.failures[0]}"
         print(f"preprocess: --strict: exit 1: {why}", file=sys.stderr)
         return 1
     return 0
+
+
+def _cache_model_inputs(args: argparse.Namespace) -> None:
+    """After the media, the model inputs of each row as the training config's run reads
+    them (its model's processor, its prompt template, its precision's feature dtype);
+    a config that cannot say which says why and caches none."""
+    from omni_rl.engine.engine import resolve_precision
+    from omni_rl.recipe_loader import load_config
+    from omni_rl.recipes.common import write_model_inputs
+    from omni_rl.runtime import resolve_device
+
+    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    if not all(hasattr(cfg, name) for name in ("model", "data", "trainer")):
+        return  # a media-only config: there is no processor to run
+    if not cfg.data.cache_inputs:
+        print("model inputs: not cached (data.cache_inputs: false)")
+        return
+    if not cfg.model.path:
+        print("model inputs: not cached (model.path is unset: the tiny model is built at train time)")
+        return
+    device = resolve_device(cfg.run.device)
+    dtype, counts = write_model_inputs(cfg, args.data, args.cache, device, args.limit)
+    print(
+        f"model inputs ({cfg.model.path}, {dtype} features for a "
+        f"{resolve_precision(cfg.trainer.precision, device)} run on {device.type}): "
+        f"{counts['written']} written, {counts['present']} already cached, {counts['bad']} rows failed"
+    )
 
 
 @command("cache stats", "entries, bytes and parameter sets of a cache", arg("cache", metavar="DIR"))
@@ -657,13 +690,14 @@ def _cache_verify(args: argparse.Namespace) -> int:
 )
 def _cache_gc(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.cache import MediaCache
+    from omni_rl.preprocess.inputs import inputs_of
     from omni_rl.preprocess.pipeline import referenced_keys
 
     cache = MediaCache.existing(args.cache)
     manifest = cache.manifest()
     budgets, _ = _budgets(args.config, args.overrides)
     keep = set().union(*(referenced_keys(data, budgets, cache) for data in args.data))
-    plan = cache.gc_plan(keep)
+    plan = cache.gc_plan(keep | inputs_of(cache, keep))
     summary = (
         f"{len(plan.delete)} entries ({plan.delete_bytes} bytes) to delete, "
         f"{len(plan.keep)} entries ({plan.keep_bytes} bytes) to keep"

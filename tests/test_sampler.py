@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 
 from omni_rl.config import FieldError
 from omni_rl.data.config import SamplerConfig
@@ -121,7 +122,7 @@ def test_a_row_without_a_source_is_named(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = config_from_dict({"recipe": "grpo", "data": {"train": str(data), "sampler": {"type": "ucb"}}}, "test")
     with pytest.raises(OmniRLError, match=r"rows\.jsonl:2: row 'r1' has no data_source; data\.sampler\.type=ucb"):
-        setup_data(cfg)
+        setup_data(cfg, torch.device("cpu"))
 
 
 def test_the_source_probabilities_are_plotted_together(tmp_path):

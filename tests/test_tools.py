@@ -41,7 +41,11 @@ def test_bench_cache_small_run(tmp_path):
     assert any(line.startswith("preprocess, 2 workers:") for line in lines)
     assert any(line.startswith("sample ratio raw/cache:") for line in lines)
     (data,) = [line for line in lines if line.startswith("data speedup raw/cache:")]
-    assert float(data.split()[-1]) > 1.0  # a step's inputs: the cache beats decoding, even for tiny clips
+    assert float(data.split()[3]) > 1.0  # a step's inputs: the cache beats decoding, even for tiny clips
+    (data,) = [line for line in lines if line.startswith("data speedup raw/inputs:")]
+    assert float(data.split()[3]) > 1.0  # and with the processor's output cached too
+    (sample,) = [line for line in lines if line.startswith("model inputs raw/cache:")]
+    assert float(sample.split()[3]) > 1.0
     # the whole step (one timed step here: model time dominates, so only its presence is checked)
     assert lines[-1].startswith("cache speedup raw/cache = ") and float(lines[-1].split()[-1]) > 0
 

@@ -8,14 +8,17 @@ Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel fram
   2. reading cached entries into tensors (bytes/s; every byte copied out of the memory
      map) as a fraction of a plain memory copy of the same bytes (page cache warm);
   3. the median time to build one sample's media, and its model inputs (media and the
-     tiny Qwen2.5-VL processor), from the raw file vs from the cache.
+     tiny Qwen2.5-VL processor), from the raw file vs from the cache, and its model
+     inputs read from the cache's inputs entry (``MediaDataset.encoded`` with
+     ``inputs``: what the processor returned, cached by ``cache_inputs``): the model
+     inputs ratio, raw file over inputs entry.
 Then, on the quickstart's own data (its training split and media settings, its tiny
 model's processor), the median time to draw and encode one GRPO step's prompts as the
-recipe does (``dataset[i]`` then ``encode_sample`` for each drawn row) with
-``cache_mode`` prefer_cache on a preprocessed cache vs no_cache; and the median time
-of whole GRPO steps (rollout, reward, update) of the quickstart's GRPO phase on its
-tiny model, both ways. The last line is the whole step's ratio,
-``cache speedup raw/cache = X``.
+recipe does (``dataset.encoded`` for each drawn row) with ``cache_mode`` no_cache,
+prefer_cache on a preprocessed cache, and prefer_cache with inputs entries; and the
+median time of whole GRPO steps (rollout, reward, update) of the quickstart's GRPO
+phase on its tiny model, the three ways. The last line is the whole step's ratio,
+``cache speedup raw/cache = X``, raw files over the cache with inputs entries.
 """
 
 from __future__ import annotations
@@ -116,19 +119,32 @@ def median_seconds(dataset: MediaDataset, processor, repeats: int) -> tuple[floa
     return statistics.median(media), statistics.median(inputs)
 
 
+def encoded_seconds(dataset: MediaDataset, processor, repeats: int) -> float:
+    """Median seconds per sample of its model inputs as training reads them
+    (``dataset.encoded``: from the inputs entries where ``dataset.inputs`` is set)."""
+    seconds = []
+    for _ in range(repeats):
+        for index in range(len(dataset)):
+            started = time.perf_counter()
+            dataset.encoded(index, processor)
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
 def step_seconds(dataset: MediaDataset, processor, steps: int, prompts_per_step: int, seed: int) -> tuple[float, float]:
-    """Median seconds per step for (media only, model inputs = media + processor) of one
-    step's drawn prompts (the same rows for any dataset of the same file and seed)."""
+    """Median seconds per step for (media only, model inputs as training reads them) of
+    one step's drawn prompts (the same rows for any dataset of the same file and seed)."""
     sampler = PromptSampler(len(dataset), seed)
     media, inputs = [], []
     for _ in range(steps):
-        started, in_media = time.perf_counter(), 0.0
-        for index in sampler.next_batch(prompts_per_step):
-            drawn = time.perf_counter()
-            sample = dataset[index]
-            in_media += time.perf_counter() - drawn
-            encode_sample(processor, sample)
-        media.append(in_media)
+        indices = sampler.next_batch(prompts_per_step)
+        started = time.perf_counter()
+        for index in indices:
+            dataset[index]
+        media.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for index in indices:
+            dataset.encoded(index, processor)
         inputs.append(time.perf_counter() - started)
     return statistics.median(media), statistics.median(inputs)
 
@@ -148,31 +164,42 @@ def quickstart_steps(cfg: QuickstartConfig, out: Path, steps: int, clips: int | 
     template = cfg.data.prompt_template
     raw_set = MediaDataset(train, budgets, cache_mode="no_cache", prompt_template=template)
     cached_set = MediaDataset(train, budgets, out / "cache", "prefer_cache", prompt_template=template)
+    inputs_set = MediaDataset(train, budgets, out / "cache", "prefer_cache", prompt_template=template, inputs="float32")
+    inputs_set.cache_inputs(processor)  # what omni-rl preprocess --config writes for a fp32 run
     step_seconds(cached_set, processor, 2, per_step, seed + 1)  # warm the page cache and the processor
     times = {
         "raw": step_seconds(raw_set, processor, steps, per_step, seed),
         "cache": step_seconds(cached_set, processor, steps, per_step, seed),
+        "inputs": step_seconds(inputs_set, processor, steps, per_step, seed),
     }
     assert cached_set.cache_misses == 0, "the quickstart's cache should hold every drawn row"
+    assert inputs_set.inputs_misses == 0, "the quickstart's cache should hold every drawn row's model inputs"
     return times, train
 
 
 def quickstart_train_seconds(cfg: QuickstartConfig, out: Path, train: Path, steps: int) -> dict[str, float]:
     """Median seconds per whole GRPO step (rollout, reward, update) of the quickstart's
-    GRPO phase on its tiny model, reading raw files (``no_cache``) and the cache
-    (``prefer_cache``); the first step (warm-up) is left out."""
+    GRPO phase on its tiny model (the one ``quickstart_steps`` wrote the inputs entries
+    with), reading raw files (``no_cache``), the cache's media (``prefer_cache``) and its
+    media and model inputs (``inputs``); the first step (warm-up) is left out."""
     cfg = replace(cfg, run=replace(cfg.run, output_dir=str(out)))
     seconds = {}
-    for mode in ("no_cache", "prefer_cache"):
-        run = _filled(cfg, cfg.grpo, out / f"grpo_{mode}", train)
+    for name, mode, inputs in (
+        ("no_cache", "no_cache", False),
+        ("cache", "prefer_cache", False),
+        ("inputs", "prefer_cache", True),
+    ):
+        run = _filled(cfg, cfg.grpo, out / f"grpo_{name}", train, model_path=str(out / "tiny_model"))
         run = replace(
             run,
-            data=replace(run.data, cache_mode=mode),
+            data=replace(run.data, cache_mode=mode, cache_inputs=inputs),
             trainer=replace(run.trainer, steps=steps + 1, save_every=0, log_every=1),
         )
         grpo.train(run)
-        rows = [json.loads(line) for line in (out / f"grpo_{mode}" / "metrics.jsonl").read_text().splitlines()]
-        seconds[mode] = statistics.median(r["time/step"] for r in rows[1:])
+        rows = [json.loads(line) for line in (out / f"grpo_{name}" / "metrics.jsonl").read_text().splitlines()]
+        read = rows[-1]["data/inputs_hits"], rows[-1]["data/inputs_misses"]
+        assert read[0] > 0 and read[1] == 0 if inputs else read == (0, 0), f"{name}: model inputs read, encoded: {read}"
+        seconds[name] = statistics.median(r["time/step"] for r in rows[1:])
     return seconds
 
 
@@ -206,6 +233,10 @@ def main() -> None:
     _, processor = load(build_tiny("qwen2_5_vl", args.out / "tiny_model"))
     raw_media, raw = median_seconds(MediaDataset(data, budgets, cache_mode="no_cache"), processor, args.repeats)
     cached_media, cached = median_seconds(MediaDataset(data, budgets, cache, "cache_only"), processor, args.repeats)
+    inputs_set = MediaDataset(data, budgets, cache, "cache_only", inputs="float32")
+    inputs_set.cache_inputs(processor, progress=False)
+    from_inputs = encoded_seconds(inputs_set, processor, args.repeats)
+    assert inputs_set.inputs_misses == 0
 
     print(f"videos: {args.videos} x {args.seconds:g} s, {args.fps} fps, {args.width}x{args.height}, H.264")
     print(f"preprocess, 1 worker:      {one:8.2f} videos/s")
@@ -219,21 +250,27 @@ def main() -> None:
     print(f"sample from raw file:      {raw * 1e3:8.1f} ms (median; media + processor)")
     print(f"sample from cache:         {cached * 1e3:8.1f} ms (median)")
     print(f"sample ratio raw/cache:    {raw / cached:8.2f}")
+    print(f"inputs from cache entries: {from_inputs * 1e3:8.1f} ms (median; media + the processor's cached output)")
+    print(f"model inputs raw/cache:    {raw / from_inputs:8.1f}  (target >= 20)")
 
     quickstart = QuickstartConfig()
     steps, train = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_clips)
     whole = quickstart_train_seconds(quickstart, args.out / "quickstart", train, args.train_steps)
     (raw_media, raw_step), (cached_media, cached_step) = steps["raw"], steps["cache"]
+    inputs_step = steps["inputs"][1]
     per_step = quickstart.grpo.data.prompts_per_step
     print(f"quickstart data, GRPO steps of {per_step} prompts, median of {args.steps} steps:")
     print(f"step media from raw files: {raw_media:8.4f} s (no_cache)")
     print(f"step media from cache:     {cached_media:8.4f} s (prefer_cache)")
     print(f"step from raw files:       {raw_step:8.4f} s (media + processor)")
     print(f"step from cache:           {cached_step:8.4f} s (media + processor)")
-    print(f"data speedup raw/cache:    {raw_step / cached_step:8.2f}")
+    print(f"step from inputs entries:  {inputs_step:8.4f} s (media + cached processor output)")
+    print(f"data speedup raw/cache:    {raw_step / cached_step:8.2f} (media entries)")
+    print(f"data speedup raw/inputs:   {raw_step / inputs_step:8.2f} (media and inputs entries)")
     print(f"whole GRPO step, raw:      {whole['no_cache']:8.4f} s (median of {args.train_steps} steps)")
-    print(f"whole GRPO step, cache:    {whole['prefer_cache']:8.4f} s")
-    print(f"cache speedup raw/cache = {whole['no_cache'] / whole['prefer_cache']:.2f}")
+    print(f"whole GRPO step, cache:    {whole['cache']:8.4f} s (media)")
+    print(f"whole GRPO step, inputs:   {whole['inputs']:8.4f} s (media and model inputs)")
+    print(f"cache speedup raw/cache = {whole['no_cache'] / whole['inputs']:.2f}")
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ log-probs.
 Differences left between the two setups: each side samples with its own random draws
 (the same distribution; completion lengths and rewards are printed for both), and TRL
 visits the rows in its own shuffled order; omni_rl reads prompt images decoded once
-into its media cache, TRL decodes the PNGs from its ``datasets.Dataset`` at every step
-and runs its processor over the B*G image copies, both as each library is meant to be
-used; the per-step logging differs (omni_rl: JSONL and TensorBoard rows; TRL: its
+into its media cache and its processor's output for each prompt cached there once (what
+``omni-rl preprocess --config`` writes), TRL decodes the PNGs from its
+``datasets.Dataset`` at every step and runs its processor over the B*G image copies,
+both as each library is meant to be used; the per-step logging differs (omni_rl: JSONL and TensorBoard rows; TRL: its
 metric dicts). With a random-init model nearly every reward is 0 and most advantages
 are 0 too; both sides still run the full loss forward, backward and optimizer step.
 
@@ -470,6 +471,7 @@ def main() -> None:
 
     from omni_rl.preprocess.config import MediaConfig
     from omni_rl.preprocess.pipeline import Budgets, preprocess
+    from omni_rl.recipes.common import write_model_inputs
 
     torch.set_num_threads(args.threads)
     total = args.warmup + args.steps
@@ -487,6 +489,7 @@ def main() -> None:
         omni_threads: list[int] = []
         errors: list = []
         config = omni_config(model_dir, data, cache, root / "omni", total, args.threads, args.seed)
+        write_model_inputs(config, data, cache, torch.device("cpu"), progress=False)
         worker = threading.Thread(
             target=omni_side, args=(config, total, baton, omni_seconds, omni_threads, errors), daemon=True
         )
@@ -507,6 +510,7 @@ def main() -> None:
         if errors:
             raise errors[0]
         metrics = [json.loads(line) for line in (root / "omni" / "metrics.jsonl").read_text().splitlines()]
+        inputs = metrics[-1]["data/inputs_hits"], metrics[-1]["data/inputs_misses"]
         metrics = metrics[args.warmup : total]
         omni = {
             "step": omni_seconds[args.warmup :],
@@ -525,7 +529,8 @@ def main() -> None:
     print(
         f"threads: omni_rl {sorted(set(omni_threads))}, TRL {sorted(set(trl_threads))}; "
         f"{args.warmup} warm-up + {args.steps} measured steps each, alternating; "
-        f"TRL activation checkpointing {'on' if trl_checkpointing else 'off'} (omni_rl: off)"
+        f"TRL activation checkpointing {'on' if trl_checkpointing else 'off'} (omni_rl: off); "
+        f"omni_rl prompts' model inputs read from its cache: {inputs[0]}, encoded: {inputs[1]}"
     )
     print(
         f"median over steps of the mean completion length: omni_rl {median(omni['length']):.1f}, "

@@ -334,7 +334,7 @@ def probe_lengths(data: Path, model_dir: Path) -> list[int]:
         ROOT / "configs/gpu_check_grpo_3b.yaml", [f"model.path={model_dir}", f"data.train={data}", "media.max_frames=8"]
     )
     _, processor = load(model_dir)
-    dataset, _ = setup_data(cfg)
+    dataset, _ = setup_data(cfg, torch.device("cuda"))
     return [int(encode_sample(processor, dataset[i])["input_ids"].shape[1]) for i in range(len(dataset))]
 
 

@@ -95,6 +95,13 @@ class DataConfig:
     """A cache made by ``omni-rl preprocess`` with the same media settings."""
     cache_mode: Literal["prefer_cache", "cache_only", "no_cache"] = "prefer_cache"
     """How the cache is used (see omni_rl.data.dataset)."""
+    cache_inputs: bool = True
+    """Read each row's model inputs (the processor's output: token ids, pixel patches,
+    audio features) from the cache, where ``omni-rl preprocess`` with this config wrote
+    them, instead of running the processor on every read; media features are stored in
+    bf16 for a run that computes in bf16, which rounds them so anyway (exact). A row
+    without its entry is encoded from its media and counted in ``data/inputs_misses``.
+    false: the processor runs on every read."""
     prompt_template: str = "{problem}{options}"
     """The question shown to the model; fields: {problem}, {options} and any row field."""
     prompts_per_step: int = 4

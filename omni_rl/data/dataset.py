@@ -37,6 +37,7 @@ from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.audio import SAMPLE_RATE
 from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.index import DatasetIndex, IndexMiss
+from omni_rl.preprocess.inputs import inputs_key, pack, processor_digest, unpack
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
 from omni_rl.preprocess.rows import Row, read_failures, read_rows
 from omni_rl.preprocess.video import VideoClip
@@ -87,6 +88,8 @@ class Sample:
     fields: dict = field(default_factory=dict, repr=False)
     source: str = ""
     """Where its row was read (``file:line``), for errors."""
+    media_keys: list[str] | None = None
+    """The cache key of each of its media, in row order (None without a cache)."""
 
 
 DEFAULT_TEMPLATE = "{problem}{options}"
@@ -159,6 +162,11 @@ class MediaDataset:
         columns: the dataset's own keys renamed to the schema's (``{"question": "problem"}``).
         report_refused: log the refused rows; False for a caller that reports
             ``failures`` itself (curation, which writes them out).
+        inputs: the dtype the cache's model inputs entries of this run store media
+            features in (``omni_rl.preprocess.inputs``: float32, or bfloat16 for a run
+            that computes in bf16), or None to run the processor on every read. A row
+            whose entry is missing is encoded from its media, counted in
+            ``data/inputs_misses`` and the first one logged with why.
 
     Every check that needs no decoding runs here, before any training:
     - the row schema (``omni_rl.preprocess.rows``);
@@ -186,6 +194,7 @@ class MediaDataset:
         prompt_template: str = DEFAULT_TEMPLATE,
         columns: dict[str, str] | None = None,
         report_refused: bool = True,
+        inputs: str | None = None,
     ):
         if cache_mode not in CACHE_MODES:
             raise OmniRLError(f"cache_mode '{cache_mode}' is not one of {', '.join(CACHE_MODES)}")
@@ -229,6 +238,10 @@ class MediaDataset:
         self.index_misses = 0
         self.videos_without_sound = 0
         self.audio_cut = 0
+        self.inputs = inputs if self.cache is not None else None
+        self.inputs_hits = 0
+        self.inputs_misses = 0
+        self._processors: dict[int, str] = {}  # id(processor) -> its digest
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -321,6 +334,8 @@ class MediaDataset:
             "data/cache_corrupt": self.cache_corrupt,
             "data/videos_without_sound": self.videos_without_sound,
             "data/audio_cut": self.audio_cut,
+            "data/inputs_hits": self.inputs_hits,
+            "data/inputs_misses": self.inputs_misses,
             "skipped/bad_rows": len(self.bad),
         }
 
@@ -337,7 +352,7 @@ class MediaDataset:
             return None
         try:
             sample = self[index]
-            return sample, dict(encode_sample(processor, sample))
+            return sample, self._inputs(sample, processor)
         except BadRow as bad:
             if self.strict:
                 raise OmniRLError(f"{bad} (data.strict: a bad row stops the run)") from None
@@ -347,6 +362,75 @@ class MediaDataset:
             elif len(self.bad) == MAX_REPORTED + 1:
                 log.warning("%s: more bad rows skipped, not logged (skipped/bad_rows counts them all)", self.data)
             return None
+
+    def inputs_key(self, sample: Sample, processor) -> str | None:
+        """The key of ``sample``'s model inputs entry for ``processor`` (None: this
+        dataset reads no inputs entries)."""
+        if self.inputs is None or sample.media_keys is None:
+            return None
+        digest = self._processors.get(id(processor))
+        if digest is None:
+            digest = self._processors[id(processor)] = processor_digest(processor)
+        return inputs_key(sample.media_keys, sample.messages, digest, self.inputs)
+
+    def _inputs(self, sample: Sample, processor) -> dict:
+        """``sample``'s model inputs: from its inputs entry, else from the processor."""
+        key = self.inputs_key(sample, processor)
+        if key is None:
+            return dict(encode_sample(processor, sample))
+        if self.cache.has(key):
+            try:
+                inputs = unpack(self.cache.read(key))
+                self.inputs_hits += 1
+                return inputs
+            except OmniRLError as err:
+                why = f"{err} (omni-rl cache verify moves it aside)"
+        else:
+            why = (
+                f"the cache holds no model inputs of this row for this processor and {self.inputs} features "
+                f"(omni-rl preprocess {self.data} --cache {self.cache.root} --config YOUR_TRAINING_CONFIG writes them)"
+            )
+        if not self.inputs_misses:
+            log.warning(
+                "%s: row '%s': %s; running the processor instead (counted in data/inputs_misses)",
+                sample.source,
+                sample.id,
+                why,
+            )
+        self.inputs_misses += 1
+        return dict(encode_sample(processor, sample))
+
+    def cache_inputs(self, processor, progress: bool = True, limit: int | None = None) -> dict[str, int]:
+        """Write the model inputs entry of every row (the first ``limit``) that lacks
+        one (``inputs`` must be set); returns how many were written, already there,
+        and bad (their media or prompt fail: each logged)."""
+        from tqdm import tqdm
+
+        if self.inputs is None:
+            raise OmniRLError(f"{self.data}: model inputs are cached only beside media in a cache directory")
+        counts = {"written": 0, "present": 0, "bad": 0}
+        count = len(self) if limit is None else min(limit, len(self))
+        for index in tqdm(range(count), desc="model inputs", unit="row", disable=not progress):
+            try:
+                sample = self[index]
+            except BadRow as bad:
+                log.warning("%s (its model inputs are not cached)", bad)
+                counts["bad"] += 1
+                continue
+            key = self.inputs_key(sample, processor)
+            if self.cache.has(key):
+                counts["present"] += 1
+                continue
+            try:
+                inputs = encode_sample(processor, sample)
+            except BadRow as bad:
+                log.warning("%s (its model inputs are not cached)", bad)
+                counts["bad"] += 1
+                continue
+            tensors, meta = pack(inputs, self.inputs, sample.media_keys)
+            self.cache.write(key, tensors, meta)
+            counts["written"] += 1
+        return counts
 
     def _sound(self, row: Row, kind: str, path: Path, tensors: dict, meta: dict) -> np.ndarray:
         """An audio clip or a video's own sound; one that went on past
@@ -390,14 +474,16 @@ class MediaDataset:
         self.videos_without_sound += 1
         return None
 
-    def _medium(self, row: Row, position: int, kind: str, path: Path) -> tuple[dict, dict]:
+    def _medium(self, row: Row, position: int, kind: str, path: Path) -> tuple[dict, dict, str | None]:
+        """A medium's tensors, metadata and cache key (None without a cache)."""
+        key = None
         if self.cache is not None:
             key = self._key(row, position, kind, path)
             if self.cache.has(key):
                 try:
                     entry = self.cache.read(key)
                     self.cache_hits += 1
-                    return entry.tensors, entry.meta
+                    return entry.tensors, entry.meta, key
                 except OmniRLError as err:
                     if self.cache_mode == "cache_only":
                         raise
@@ -415,10 +501,10 @@ class MediaDataset:
         elif self.uncached:
             self.cache_misses += 1
         tensors, meta = decode_medium(kind, path, self.budgets)
-        return {name: _as_tensor(a) for name, a in tensors.items()}, meta
+        return {name: _as_tensor(a) for name, a in tensors.items()}, meta, key
 
-    def _row_media(self, row: Row) -> list[tuple[str, Path, dict, dict]]:
-        """(kind, path, tensors, metadata) of every medium of a row. A medium that cannot
+    def _row_media(self, row: Row) -> list[tuple[str, Path, dict, dict, str | None]]:
+        """(kind, path, tensors, metadata, cache key) of every medium of a row. A medium that cannot
         be read (the decoders turn every failure of a file into an ``OmniRLError`` that
         names it; a cache entry missing under ``cache_only``) makes the row bad."""
         try:
@@ -439,8 +525,9 @@ class MediaDataset:
             fields=row.fields,
             source=row.source,
         )
-        kinds = []
-        for kind, path, tensors, meta in self._row_media(row):
+        kinds, keys = [], []
+        for kind, path, tensors, meta, key in self._row_media(row):
+            keys.append(key)
             if kind == "video":
                 sample.videos.append(_clip_from_entry(tensors, meta))
             elif kind == "image":
@@ -460,6 +547,7 @@ class MediaDataset:
                 kinds.append(kind)
         if any(sound is None for sound in sample.video_audios):
             sample.video_audios = []  # heard as video only: all of the row's videos, or none
+        sample.media_keys = keys if self.cache is not None else None
         try:
             sample.messages = build_messages(render_prompt(self.prompt_template, row), kinds)
         except OmniRLError as err:

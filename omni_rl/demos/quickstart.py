@@ -40,7 +40,8 @@ from omni_rl.preprocess.motion import KINDS, QUESTIONS, chance_of, color_rows, w
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
-from omni_rl.runtime import apply_run_settings
+from omni_rl.recipes.common import write_model_inputs
+from omni_rl.runtime import apply_run_settings, resolve_device
 
 
 def split_rows(data: Path, fraction: float, out: Path, kinds: int = 4) -> Path:
@@ -173,7 +174,10 @@ def run_phases(
 
     # GRPO: from the SFT checkpoint, on the whole training set or the rows chosen
     rows = train if grpo_rows is None else grpo_rows(sft_model)
-    train_grpo(_filled(cfg, cfg.grpo, out / "grpo", rows, model_path=str(sft_model), heldout=heldout, **tiny))
+    grpo_cfg = _filled(cfg, cfg.grpo, out / "grpo", rows, model_path=str(sft_model), heldout=heldout, **tiny)
+    for data in (rows, heldout):  # what omni-rl preprocess --config caches: the processor's output, once
+        write_model_inputs(grpo_cfg, data, out / "cache", resolve_device(cfg.run.device))
+    train_grpo(grpo_cfg)
     after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
     return after_sft, after_rl
 

@@ -195,9 +195,11 @@ def as_training_reads(
     rule: TextOnly | Difficulty,
     prompt_template: str,
     columns: dict[str, str] | None,
+    inputs: str | None = None,
 ) -> MediaDataset:
-    """``data`` as training reads it, from ``cache`` where it holds a row's media (the
-    rows ``Difficulty`` asks); its ``failures`` name the rows training would refuse
+    """``data`` as training reads it, from ``cache`` where it holds a row's media and
+    (``inputs``: their dtype) model inputs (the rows ``Difficulty`` asks); its
+    ``failures`` name the rows training would refuse
     (media missing, a gold answer no scorer can match, a row preprocess could not
     cache), which curate reports itself. ``TextOnly`` decodes nothing, so a cache that
     was never made is no help to it and goes unmentioned."""
@@ -205,7 +207,14 @@ def as_training_reads(
         cache = None
     mode = "prefer_cache" if cache else "no_cache"
     return MediaDataset(
-        data, budgets, cache, mode, prompt_template=prompt_template, columns=columns, report_refused=False
+        data,
+        budgets,
+        cache,
+        mode,
+        prompt_template=prompt_template,
+        columns=columns,
+        report_refused=False,
+        inputs=inputs,
     )
 
 
@@ -253,6 +262,7 @@ def curate(
     progress: bool = True,
     engine=None,
     seed: int = 0,
+    inputs: str | None = None,
 ) -> dict:
     """Ask every row of ``data`` as ``rule`` says (without its media for ``TextOnly``;
     with them, from ``cache`` where it holds them, for ``Difficulty``); write to
@@ -263,11 +273,13 @@ def curate(
     (``report`` below). Rows already in ``passes.jsonl`` are not asked again when the
     same model, seed and asking answered them (``asked_by``); the others are.
     ``engine``: a rollout engine that answers instead of the model (vLLM), each row
-    sampled with a seed from ``seed`` and its index (``answer_rows``)."""
+    sampled with a seed from ``seed`` and its index (``answer_rows``). ``inputs``: the
+    dtype of the cached model inputs the rows asked with their media are read with
+    (None: the processor runs on each)."""
     out = Path(out)
     where = distributed.ranks()
     rows, refused = read_rows(data, columns)
-    as_trained = as_training_reads(data, budgets, cache, rule, prompt_template, columns)
+    as_trained = as_training_reads(data, budgets, cache, rule, prompt_template, columns, inputs)
     refused_rows = refused_at_load(rows, as_trained)
     unusable = {failure.id: failure.reason for failure in refused_rows}
     if where.is_main:

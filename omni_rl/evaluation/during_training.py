@@ -49,10 +49,20 @@ class HeldOut:
         family: the model family, whose media defaults a benchmark's protocol uses.
         settings: the reward settings rows sets are scored with (None: the defaults).
         temperature: the sampling temperature of rows sets with ``samples`` > 1.
+        inputs: the dtype of the cached model inputs rows sets read (None: none;
+            ``omni_rl.data.dataset.MediaDataset``).
     """
 
-    def __init__(self, cfg, out: Path, family: str, settings: RewardSettings | None = None, temperature: float = 1.0):
-        self.cfg, self.out = cfg, out
+    def __init__(
+        self,
+        cfg,
+        out: Path,
+        family: str,
+        settings: RewardSettings | None = None,
+        temperature: float = 1.0,
+        inputs: str | None = None,
+    ):
+        self.cfg, self.out, self.inputs = cfg, out, inputs
         self.settings, self.temperature = settings, temperature
         self.best = self._read_best()
         self.sets = [self._benchmark(spec, family) if spec.benchmark else self._rows(spec) for spec in cfg.data.eval]
@@ -63,7 +73,14 @@ class HeldOut:
         data = self.cfg.data
         budgets = Budgets.from_config(self.cfg.media)
         dataset = MediaDataset(
-            spec.data, budgets, data.cache, data.cache_mode, data.strict, data.prompt_template, data.columns
+            spec.data,
+            budgets,
+            data.cache,
+            data.cache_mode,
+            data.strict,
+            data.prompt_template,
+            data.columns,
+            inputs=self.inputs,
         )
         dataset.rows = spread(dataset.rows, spec.limit)
         return _Set(spec, dataset)
@@ -76,10 +93,18 @@ class HeldOut:
         return _Set(spec, dataset, prepared)
 
     @classmethod
-    def for_run(cls, cfg, out: Path, settings: RewardSettings | None = None, temperature: float = 1.0) -> HeldOut:
-        """The run's eval sets, for its model's family (read before the model is built)."""
+    def for_run(
+        cls,
+        cfg,
+        out: Path,
+        settings: RewardSettings | None = None,
+        temperature: float = 1.0,
+        inputs: str | None = None,
+    ) -> HeldOut:
+        """The run's eval sets, for its model's family (read before the model is built);
+        ``inputs``: the dtype of the cached model inputs the run reads (None: none)."""
         family = family_of(cfg.model.path).name if cfg.model.path else cfg.model.tiny_family
-        return cls(cfg, out, family, settings, temperature)
+        return cls(cfg, out, family, settings, temperature, inputs)
 
     def datasets(self) -> dict:
         """Each set's dataset, by ``eval/NAME`` (for the run's summary)."""

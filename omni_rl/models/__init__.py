@@ -20,7 +20,16 @@ from omni_rl.models.families import FAMILIES, Family
 from omni_rl.models.tokenizer import build_tokenizer
 from omni_rl.runtime import umask_files
 
-__all__ = ["FAMILIES", "Family", "build_tiny", "family_of", "fill_sharded", "load", "placeholder_token_ids"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "build_tiny",
+    "family_of",
+    "fill_sharded",
+    "load",
+    "load_processor",
+    "placeholder_token_ids",
+]
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -72,7 +81,7 @@ def load(
         (model, processor), the model in eval mode; ``model.omni_rl_stored`` names the
         checkpoint and the dtype it stores (what exports are written in).
     """
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoConfig
 
     from omni_rl.models import shared_prefix
 
@@ -87,8 +96,14 @@ def load(
         model = weights.empty_model(family.model_cls(), config, dtype, path)
     model.omni_rl_stored = weights.StoredWeights(path, weights.stored_dtype(path, default=dtype))
     shared_prefix.install(model)
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return model.eval(), processor
+    return model.eval(), load_processor(path)
+
+
+def load_processor(path: str | Path):
+    """The processor of a local checkpoint (or a run's ``model/``), without its model."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(checkpoint_dir(path), local_files_only=True)
 
 
 def fill_sharded(model: torch.nn.Module, device: torch.device) -> None:

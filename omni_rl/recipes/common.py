@@ -219,10 +219,50 @@ def model_dir(cfg, out: Path) -> Path:
     return Path(cfg.model.path) if cfg.model.path else out / "tiny_model"
 
 
-def setup_data(cfg):
+def model_inputs(cfg, device: torch.device) -> str | None:
+    """The dtype of the cached model inputs a run on ``device`` reads
+    (``omni_rl.preprocess.inputs``: bfloat16 where it computes in bf16), or None: under
+    ``data.cache_inputs: false``, and for a tiny model built at train time (``model.path``
+    unset), whose processor does not exist before the run."""
+    from omni_rl.preprocess.inputs import inputs_dtype
+
+    if not cfg.data.cache_inputs or not cfg.model.path:
+        return None
+    return inputs_dtype(resolve_precision(cfg.trainer.precision, device))
+
+
+def write_model_inputs(
+    cfg, data: str | Path, cache: str | Path, device: torch.device, limit: int | None = None, progress: bool = True
+):
+    """Cache the model inputs of ``data``'s rows (the first ``limit``) in ``cache`` as a
+    run of ``cfg`` on ``device`` reads them: its model's processor, its prompt template,
+    its feature dtype. Returns the dtype and ``MediaDataset.cache_inputs``' counts, or
+    None when such a run reads none (``model_inputs``)."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.models import load_processor
+    from omni_rl.preprocess.pipeline import Budgets
+
+    dtype = model_inputs(cfg, device)
+    if dtype is None:
+        return None
+    dataset = MediaDataset(
+        data,
+        Budgets.from_config(cfg.media),
+        cache,
+        "prefer_cache",
+        prompt_template=cfg.data.prompt_template,
+        columns=dict(cfg.data.columns),
+        report_refused=False,
+        inputs=dtype,
+    )
+    return dtype, dataset.cache_inputs(load_processor(cfg.model.path), progress, limit)
+
+
+def setup_data(cfg, device: torch.device):
     """The training rows (routed and checked against the reward registry) and a
     resumable sampler over them, ``data.sampler``'s (the same on every rank: ranks take
-    their share of each global draw)."""
+    their share of each global draw); their cached model inputs are read as a run on
+    ``device`` computes (``model_inputs``)."""
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.data.sampler import PromptSampler, SourceUCBSampler
     from omni_rl.preprocess.pipeline import Budgets
@@ -238,6 +278,7 @@ def setup_data(cfg):
         data.strict,
         data.prompt_template,
         data.columns,
+        inputs=model_inputs(cfg, device),
     )
     if not len(dataset):
         raise OmniRLError(f"{data.train}: no usable rows ({len(dataset.failures)} refused; the log lists why)")

@@ -46,6 +46,7 @@ from omni_rl.recipes.common import (
     last_row,
     max_over_mean,
     model_dir,
+    model_inputs,
     pack_by_tokens,
     per_rank,
     rank_loads,
@@ -361,8 +362,10 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     if run.ranks.rollout_process:
         return _serve_rollouts(cfg, run)
     load_plugins(cfg.rewards.custom)
-    dataset, sampler = setup_data(cfg)  # every row checked before the model is built
-    heldout = HeldOut.for_run(cfg, run.out, cfg.rewards.settings(), cfg.rollout.temperature)
+    dataset, sampler = setup_data(cfg, run.device)  # every row checked before the model is built
+    heldout = HeldOut.for_run(
+        cfg, run.out, cfg.rewards.settings(), cfg.rollout.temperature, model_inputs(cfg, run.device)
+    )
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     total = cfg.trainer.steps * _updates_per_step(cfg)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
@@ -500,7 +503,7 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
     if start["step"] >= cfg.trainer.steps:
         return {}
     load_plugins(cfg.rewards.custom)
-    dataset, sampler = setup_data(cfg)
+    dataset, sampler = setup_data(cfg, run.device)
     sampler.load_state_dict(start["sampler"])
     model, processor, _ = setup_model(cfg, run)
     dtype = _sampling_dtype(resolve_precision(cfg.trainer.precision, run.device))

@@ -29,6 +29,7 @@ from omni_rl.recipes.common import (
     finish_run,
     last_row,
     max_over_mean,
+    model_inputs,
     pack_by_tokens,
     per_rank,
     resume_steps,
@@ -124,8 +125,9 @@ def _unwrapped(model):
 def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     """Run SFT; returns the last step's metrics."""
     run = start_run(cfg, resume)
-    dataset, sampler = setup_data(cfg)  # every row checked before the model is built
-    heldout = HeldOut.for_run(cfg, run.out)  # no rewards or rollout section: default reward settings, pass@K at 1.0
+    dataset, sampler = setup_data(cfg, run.device)  # every row checked before the model is built
+    # no rewards or rollout section: default reward settings, pass@K at 1.0
+    heldout = HeldOut.for_run(cfg, run.out, inputs=model_inputs(cfg, run.device))
     model, processor, _ = setup_model(cfg, run)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
