@@ -235,6 +235,7 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     evaluation = {"accuracy": 0.5, "per_type": {}, "per_source": {}, "rows": 8, "row_accuracy": {}, "answers": {}}
     monkeypatch.setattr(quickstart, "_held_out", lambda *a: evaluation)
     monkeypatch.setattr(quickstart, "_plots", lambda out: None)
+    monkeypatch.setattr(quickstart, "write_model_inputs", lambda *a: None)  # no SFT model to read a processor from
     monkeypatch.setattr(quickstart.checkpoint, "latest", lambda out: Path(out) / "checkpoints" / "step-1")
     overrides = [f"run.output_dir={tmp_path}", "data.train_clips=8", "data.heldout_clips=4"]
     cfg = load_config(None, [*overrides, "grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"], recipe="quickstart")
