@@ -8,15 +8,14 @@ import logging
 import numpy as np
 import pytest
 import torch
+from test_dataset import small_budgets
 
 from omni_rl.data.dataset import MediaDataset, encode_sample
 from omni_rl.models import FAMILIES, load
 from omni_rl.preprocess.cache import MediaCache
-from omni_rl.preprocess.image import ImageBudget
 from omni_rl.preprocess.inputs import inputs_dtype, pack, unpack
-from omni_rl.preprocess.pipeline import Budgets, preprocess
+from omni_rl.preprocess.pipeline import preprocess
 from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video, write_wav
-from omni_rl.preprocess.video import VideoBudget
 
 ROWS = {  # row id -> the modalities it needs
     "video": {"video"},
@@ -24,16 +23,6 @@ ROWS = {  # row id -> the modalities it needs
     "audio": {"audio"},
     "both": {"video", "image"},
 }
-
-
-def budgets_for(family: str) -> Budgets:
-    patch = FAMILIES.get(family).patch_size or 14
-    f2 = (2 * patch) ** 2
-    return Budgets(
-        VideoBudget(patch_size=patch, min_frames=2, min_pixels=4 * f2, max_pixels=16 * f2),
-        ImageBudget(patch_size=patch, min_pixels=4 * f2, max_pixels=32 * f2),
-        max_audio_seconds=2.0,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +54,7 @@ def assert_same_inputs(a: dict, b: dict, where) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_cached_model_inputs_are_the_processors_bit_for_bit(family, rows_file, tiny_checkpoint, tmp_path):
-    budgets, cache = budgets_for(family), tmp_path / "cache"
+    budgets, cache = small_budgets(family), tmp_path / "cache"
     assert preprocess(rows_file, cache, budgets, workers=1, progress=False).failed == 0
     _, processor = load(tiny_checkpoint(family))
     wanted = usable(family)
@@ -89,7 +78,7 @@ def test_cached_model_inputs_are_the_processors_bit_for_bit(family, rows_file, t
 
 def test_a_changed_processor_prompt_or_dtype_is_a_miss_never_stale_inputs(rows_file, tiny_checkpoint, tmp_path, caplog):
     family = "qwen2_5_vl"
-    budgets, cache = budgets_for(family), tmp_path / "cache"
+    budgets, cache = small_budgets(family), tmp_path / "cache"
     preprocess(rows_file, cache, budgets, workers=1, progress=False)
     _, processor = load(tiny_checkpoint(family))
     MediaDataset(rows_file, budgets, cache, inputs="float32").cache_inputs(processor, progress=False)
@@ -119,7 +108,7 @@ def test_a_changed_processor_prompt_or_dtype_is_a_miss_never_stale_inputs(rows_f
 
 def test_a_damaged_entry_is_reported_and_the_processor_runs_instead(rows_file, tiny_checkpoint, tmp_path, caplog):
     family = "qwen2_5_vl"
-    budgets, cache = budgets_for(family), tmp_path / "cache"
+    budgets, cache = small_budgets(family), tmp_path / "cache"
     preprocess(rows_file, cache, budgets, workers=1, progress=False)
     _, processor = load(tiny_checkpoint(family))
     dataset = MediaDataset(rows_file, budgets, cache, inputs="float32")
@@ -142,7 +131,7 @@ def test_bf16_features_give_a_bf16_run_the_same_log_probs_and_gradients(family, 
     over them, so features stored in bf16 change nothing it computes; in an fp32 run the
     same rounding would change the log-probs (so the check can fail)."""
     assert inputs_dtype("bf16-mixed") == "bfloat16" and inputs_dtype("fp32") == "float32"
-    budgets = budgets_for(family)
+    budgets = small_budgets(family)
     model, processor = load(tiny_checkpoint(family))
     model.train()
     dataset = MediaDataset(rows_file, budgets, cache_mode="no_cache")
@@ -179,7 +168,7 @@ def _entry(tensors, meta):
 def test_preprocess_with_the_training_config_caches_what_grpo_reads_and_the_run_is_the_same(
     tmp_path, tiny_checkpoint, capsys
 ):
-    import yaml
+    from test_grpo import tiny_config
 
     from omni_rl.cli import main
     from omni_rl.preprocess.scenes import write_video_qa
@@ -190,32 +179,14 @@ def test_preprocess_with_the_training_config_caches_what_grpo_reads_and_the_run_
     cache = tmp_path / "cache"
 
     def config(name: str, cache_inputs: bool):
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "recipe": "grpo",
-                    "run": {"output_dir": str(tmp_path / name), "seed": 0, "threads": 2, "device": "cpu"},
-                    "model": {"path": str(tiny_checkpoint("qwen2_5_vl"))},
-                    "data": {
-                        "train": str(train),
-                        "cache": str(cache),
-                        "prompts_per_step": 2,
-                        "cache_inputs": cache_inputs,
-                    },
-                    "media": {
-                        "family": "qwen2_5_vl",
-                        "min_frames": 2,
-                        "max_frames": 8,
-                        "video_min_pixels": 3136,
-                        "video_max_pixels": 12544,
-                    },
-                    "rollout": {"n": 4, "max_new_tokens": 12},
-                    "trainer": {"steps": 3, "save_every": 0, "log_every": 1},
-                }
-            )
+        return tiny_config(
+            tmp_path / name,
+            train,
+            run={"device": "cpu"},
+            model={"path": str(tiny_checkpoint("qwen2_5_vl"))},
+            data={"cache": str(cache), "cache_inputs": cache_inputs},
+            trainer={"save_every": 0, "log_every": 1},
         )
-        return path
 
     cached, plain = config("cached", True), config("plain", False)
     assert main(["preprocess", str(train), "--cache", str(cache), "--config", str(cached), "--workers", "1"]) == 0
@@ -228,7 +199,9 @@ def test_preprocess_with_the_training_config_caches_what_grpo_reads_and_the_run_
     metrics = {}
     for name, path in (("cached", cached), ("plain", plain)):
         grpo.train(load_config(path))
-        metrics[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        metrics[name] = [
+            json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
     last = metrics["cached"][-1]  # the counts add up over the run
     assert (last["data/inputs_hits"], last["data/inputs_misses"]) == (3 * 2, 0)
     assert (metrics["plain"][-1]["data/inputs_hits"], metrics["plain"][-1]["data/inputs_misses"]) == (0, 0)
@@ -244,7 +217,7 @@ def test_cache_gc_keeps_the_inputs_of_the_media_it_keeps(rows_file, tiny_checkpo
     from omni_rl.preprocess.pipeline import referenced_keys
 
     family = "qwen2_5_vl"
-    budgets, cache = budgets_for(family), MediaCache(tmp_path / "cache")
+    budgets, cache = small_budgets(family), MediaCache(tmp_path / "cache")
     preprocess(rows_file, cache.root, budgets, workers=1, progress=False)
     _, processor = load(tiny_checkpoint(family))
     dataset = MediaDataset(rows_file, budgets, cache.root, inputs="float32")
