@@ -36,8 +36,16 @@ def test_bench_cache_small_run(tmp_path):
         "1",
         "--quickstart-clips",
         "4",
+        "--real-frames",
+        "4",
+        "--real-widths",
+        "64",
+        "--real-steps",
+        "1",
     ]
     lines = run_tool("bench_cache.py", args, cwd=tmp_path)
+    (real,) = [line for line in lines if line.startswith("  width   64: raw ")]
+    assert float(real.split()[-1]) > 0  # the real-size steps ran all three ways
     assert any(line.startswith("preprocess, 2 workers:") for line in lines)
     assert any(line.startswith("sample ratio raw/cache:") for line in lines)
     (data,) = [line for line in lines if line.startswith("data speedup raw/cache:")]

@@ -203,6 +203,53 @@ def quickstart_train_seconds(cfg: QuickstartConfig, out: Path, train: Path, step
     return seconds
 
 
+def real_size_steps(data: Path, out: Path, frames: int, pixels: int, widths: list[int], steps: int) -> dict:
+    """Median seconds per whole GRPO step (rollout, reward, update) on the real-size clips,
+    ``frames`` frames of ``pixels`` each, for a tiny Qwen2.5-VL of each decoder width
+    (4 prompts, G = 4, 16 new tokens): reading raw files, the media entries, and the
+    media and inputs entries; the first step (warm-up) is left out.
+    Returns {width: {mode: seconds}}."""
+    from omni_rl.data.config import DataConfig
+    from omni_rl.engine.config import TrainerConfig
+    from omni_rl.models.config import ModelConfig
+    from omni_rl.preprocess.config import MediaConfig
+    from omni_rl.recipes.common import write_model_inputs
+    from omni_rl.recipes.grpo_config import GRPOConfig
+    from omni_rl.rollout.config import RolloutConfig
+    from omni_rl.runtime import RunConfig
+
+    media = MediaConfig(nframes=frames, fps=None, max_frames=frames, video_min_pixels=pixels, video_max_pixels=pixels)
+    cache = out / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    report = preprocess(data, cache, Budgets.from_config(media), workers=2, progress=False)
+    assert report.failed == 0, report.failures_by_reason
+    modes = (("raw", "no_cache", False), ("media", "prefer_cache", False), ("inputs", "prefer_cache", True))
+    seconds: dict[int, dict[str, float]] = {}
+    for width in widths:
+        model = build_tiny("qwen2_5_vl", out / f"model_{width}", width=width)
+        seconds[width] = {}
+        for name, mode, inputs in modes:
+            run_dir = out / f"grpo_{width}_{name}"
+            cfg = GRPOConfig(
+                run=RunConfig(name="bench", output_dir=str(run_dir), seed=0, device="cpu", overwrite=True),
+                model=ModelConfig(path=str(model)),
+                data=DataConfig(
+                    train=str(data), cache=str(cache), cache_mode=mode, cache_inputs=inputs, prompts_per_step=4
+                ),
+                media=media,
+                rollout=RolloutConfig(n=4, max_new_tokens=16),
+                trainer=TrainerConfig(steps=steps + 1, log_every=1, save_every=0, precision="fp32"),
+            )
+            if inputs:
+                write_model_inputs(cfg, data, cache, torch.device("cpu"), progress=False)
+            grpo.train(cfg)
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            read = rows[-1]["data/inputs_hits"], rows[-1]["data/inputs_misses"]
+            assert read[0] > 0 and read[1] == 0 if inputs else read == (0, 0), f"{name}: inputs read, encoded: {read}"
+            seconds[width][name] = statistics.median(r["time/step"] for r in rows[1:])
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench_cache"))
@@ -216,6 +263,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps of quickstart data timed per mode")
     parser.add_argument("--train-steps", type=int, default=8, help="whole GRPO steps timed per mode")
     parser.add_argument("--quickstart-clips", type=int, default=None, help="clips (default: the quickstart's 800)")
+    parser.add_argument("--real-frames", type=int, default=64, help="frames of the real-size clips' GRPO steps")
+    parser.add_argument("--real-widths", default="64,256", help="decoder widths of the tiny models those steps train")
+    parser.add_argument("--real-steps", type=int, default=4, help="whole GRPO steps timed per width and mode")
     args = parser.parse_args()
     set_threads(args.threads)
 
@@ -252,6 +302,18 @@ def main() -> None:
     print(f"sample ratio raw/cache:    {raw / cached:8.2f}")
     print(f"inputs from cache entries: {from_inputs * 1e3:8.1f} ms (median; media + the processor's cached output)")
     print(f"model inputs raw/cache:    {raw / from_inputs:8.1f}  (target >= 20)")
+
+    widths = [int(w) for w in args.real_widths.split(",")]
+    real = real_size_steps(data, args.out / "real", args.real_frames, frame_pixels, widths, args.real_steps)
+    print(
+        f"real-size clips, {args.real_frames} frames of {frame_pixels:,} pixels, "
+        f"whole GRPO step (median of {args.real_steps}):"
+    )
+    for width, times in real.items():
+        print(
+            f"  width {width:4d}: raw {times['raw']:7.3f} s, media entries {times['media']:7.3f} s, "
+            f"inputs entries {times['inputs']:7.3f} s; raw/inputs {times['raw'] / times['inputs']:5.2f}"
+        )
 
     quickstart = QuickstartConfig()
     steps, train = quickstart_steps(quickstart, args.out / "quickstart", args.steps, args.quickstart_clips)
