@@ -411,20 +411,15 @@ class MediaDataset:
         counts = {"written": 0, "present": 0, "bad": 0}
         count = len(self) if limit is None else min(limit, len(self))
         for index in tqdm(range(count), desc="model inputs", unit="row", disable=not progress):
-            try:
+            try:  # a row whose media or prompt fail is reported, counted, and the others go on
                 sample = self[index]
-            except BadRow as bad:
-                log.warning("%s (its model inputs are not cached)", bad)
-                counts["bad"] += 1
-                continue
-            key = self.inputs_key(sample, processor)
-            if self.cache.has(key):
-                counts["present"] += 1
-                continue
-            try:
+                key = self.inputs_key(sample, processor)
+                if self.cache.has(key):
+                    counts["present"] += 1
+                    continue
                 inputs = encode_sample(processor, sample)
             except BadRow as bad:
-                log.warning("%s (its model inputs are not cached)", bad)
+                log.warning("%s (its model inputs are not cached; counted as failed)", bad)
                 counts["bad"] += 1
                 continue
             tensors, meta = pack(inputs, self.inputs, sample.media_keys)
