@@ -827,3 +827,37 @@ def test_the_vllm_weight_sync_gathers_each_fsdp_unit_once(tmp_path):
     for got in rank_results(tmp_path):
         assert got["units"] >= 4 and got["all_gathers"] == got["units"] and got["full_tensor"] == 0, got
         assert got["same_names"] and got["max_difference"] == 0 and got["bf16"] and got["sharded_after"], got
+
+
+def test_model_inputs_from_the_cache_on_two_processes_train_as_one_process(tmp_path, tiny_checkpoint):
+    """Both FSDP2 ranks read their prompts' model inputs from the cache that
+    ``omni-rl preprocess --config`` wrote (the counts summed over ranks), and the run
+    logs one process's rewards and losses."""
+    from test_grpo import tiny_config
+
+    from omni_rl.cli import main
+
+    train = write_video_qa(tmp_path / "data", videos=4, seed=0, seconds=2.0)
+    cache = str(tmp_path / "cache")
+
+    def config(name: str, strategy: str) -> Path:
+        return tiny_config(
+            tmp_path / name,
+            train,
+            run={"device": "cpu", "threads": 1},
+            model={"path": str(tiny_checkpoint("qwen2_5_vl"))},
+            data={"cache": cache, "shuffle": False},
+            algorithm={"epochs": 1, "mini_batch_prompts": 2},
+            trainer={"strategy": strategy, "micro_batch_size": 1, "save_every": 0, "log_every": 1},
+        )
+
+    one, two = config("one", "single"), config("two", "fsdp")
+    assert main(["preprocess", str(train), "--cache", cache, "--config", str(one), "--workers", "1"]) == 0
+    launch(one, 1)
+    _launch_within(two, 2, 300)
+    rows_one, rows_two = metrics(tmp_path / "one" / "run"), metrics(tmp_path / "two" / "run")
+    assert [(r["data/inputs_hits"], r["data/inputs_misses"]) for r in rows_two] == [(2, 0), (4, 0), (6, 0)]
+    for a, b in zip(rows_one, rows_two, strict=True):
+        assert a["data/inputs_hits"] == b["data/inputs_hits"]
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
