@@ -81,6 +81,25 @@ def test_inputs_from_cache_equal_inputs_from_raw_files(family, dataset_file, tin
     assert cached.cache_hits > 0 and cached.cache_misses == 0
 
 
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_5_vl"])
+def test_a_row_with_media_its_model_cannot_take_is_refused_not_encoded_without_them(
+    family, dataset_file, tiny_checkpoint
+):
+    _, processor = load(tiny_checkpoint(family))
+    modalities = FAMILIES.get(family).modalities
+    dataset = MediaDataset(dataset_file, small_budgets(family), cache_mode="no_cache")
+    taken = rows_for(family)
+    for index, row in enumerate(dataset.rows):
+        if row.id in taken:
+            assert dataset.encoded(index, processor) is not None, row.id
+            continue
+        assert dataset.encoded(index, processor) is None, row.id
+        media = {"images": ("image", row.images), "videos": ("video", row.videos), "audio": ("audio", row.audios)}
+        untaken = " or ".join(name for name, (kind, paths) in media.items() if paths and kind not in modalities)
+        assert dataset.bad[row.id].reason.startswith(f"{type(processor).__name__} takes no {untaken};")
+    assert dataset.cache_metrics()["skipped/bad_rows"] == len(dataset.rows) - len(taken) > 0
+
+
 def test_cache_modes(dataset_file, tmp_path):
     budgets = small_budgets("qwen2_5_vl")
     cache = tmp_path / "cache"

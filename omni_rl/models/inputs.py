@@ -110,6 +110,7 @@ def encode_prompts(
     on. The forwards here take it per prompt (``omni_rl.models.forward.prefill``);
     transformers' own forward takes one flag per batch.
     """
+    _refuse_untaken(processor, images=images, videos=videos, audio=audios)
     texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
     kwargs = media_processor_kwargs(bool(images), bool(videos))
     interleaved = interleaves_video_audio(processor)
@@ -139,6 +140,20 @@ def encode_prompts(
     if heard:
         out["use_audio_in_video"] = torch.tensor(_heard_per_prompt(conversations, video_audios))
     return out
+
+
+# The processor part that turns each medium into features; a processor without it
+# would drop the medium from the prompt without a word.
+_MEDIUM_PROCESSORS = {"images": "image_processor", "videos": "video_processor", "audio": "feature_extractor"}
+
+
+def _refuse_untaken(processor, **media: Sequence) -> None:
+    """An error when a prompt holds media the processor has no part for."""
+    untaken = [
+        name for name, items in media.items() if items and getattr(processor, _MEDIUM_PROCESSORS[name], None) is None
+    ]
+    if untaken:
+        raise OmniRLError(f"{type(processor).__name__} takes no {' or '.join(untaken)}; use a model family that does")
 
 
 def _shared_fps(videos: Sequence[SampledVideo], interleave: bool) -> float:
