@@ -96,16 +96,20 @@ def best_single_frame(kind: str, rng: np.random.Generator, clips: int = 800) -> 
     shows (the rest)."""
     truth = np.array([0, 1] * (clips // 2))
     frames = [clip(kind, int(a), rng) for a in truth]
+    if kind in ("order", "adjacent_order"):  # per clip [T, 2]: whether red, blue show in frame t
+        shows = [np.stack([lit(c, color).any(axis=(1, 2)) for color in ("red", "blue")], -1) for c in frames]
+    else:
+        masks = [lit(c) for c in frames]
     best = 0.0
     for t in range(FRAMES):
         if kind == "direction":
-            features = [int(np.argwhere(lit(c)[t])[:, 1].min()) // 7 for c in frames]
+            features = [int(np.flatnonzero(m[t].any(axis=0))[0]) // 7 for m in masks]
         elif kind == "wrap_direction":
-            features = [corner(lit(c)[t])[0] // 7 for c in frames]
+            features = [corner(m[t])[0] // 7 for m in masks]
         elif kind in ("order", "adjacent_order"):
-            features = [tuple(bool(lit(c[t : t + 1], color).any()) for color in ("red", "blue")) for c in frames]
+            features = [tuple(bool(v) for v in s[t]) for s in shows]
         else:
-            features = [bool(lit(c)[t].any()) for c in frames]
+            features = [bool(m[t].any()) for m in masks]
         best = max(best, heldout_majority(features, truth))
     return best
 
