@@ -22,6 +22,12 @@ def tiny_pi0(tmp_path_factory):
     return build_tiny_pi0(tmp_path_factory.mktemp("pi0"), seed=0)
 
 
+@pytest.fixture(scope="module")
+def pi0_trace(tmp_path_factory, tiny_pi0):
+    """The tiny pi0 config traced with 1,000 demonstration chunks: (lines, figures)."""
+    return trace(tmp_path_factory.mktemp("pi0_trace"), tiny_pi0, "--demo-chunks", "1000")
+
+
 def trace(tmp_path: Path, pi0: Path, *args: str) -> tuple[list[str], dict]:
     """(stdout lines, --json figures) of the tiny pi0 config traced over 2 ranks."""
     out = tmp_path / f"trace{len(list(tmp_path.iterdir()))}.json"
@@ -33,12 +39,12 @@ def trace(tmp_path: Path, pi0: Path, *args: str) -> tuple[list[str], dict]:
     return done.stdout.strip().splitlines(), json.loads(out.read_text())
 
 
-def test_a_pi0_run_is_traced_phase_by_phase(tmp_path, tiny_pi0):
+def test_a_pi0_run_is_traced_phase_by_phase(tmp_path, tiny_pi0, pi0_trace):
     """BC's step, the rollout and the PPO update each have a peak; a rank holds half the
     fp32 weights; the demonstrations sit on the device in BC: 3,000 more chunks of
     PixelTargets' 3,081-number observations (and 8x2 actions) raise BC's peak by their
     bytes."""
-    lines, few = trace(tmp_path, tiny_pi0, "--demo-chunks", "1000")
+    lines, few = pi0_trace
     assert lines[-1].startswith("peak per rank = ") and lines[-1].endswith(" GB")
     phases = few["phases"]
     assert set(phases) == {"bc", "bc/step", "rollout", "update", "update/step"}
@@ -54,7 +60,7 @@ def test_a_pi0_run_is_traced_phase_by_phase(tmp_path, tiny_pi0):
     assert rise == pytest.approx(demo_bytes, rel=0.02)
 
 
-def test_a_pi05_run_is_traced_with_its_state_in_the_prompt(tmp_path, tiny_pi0):
+def test_a_pi05_run_is_traced_with_its_state_in_the_prompt(tmp_path, pi0_trace):
     """``policy.type: pi05`` traces PI05 (built from its own config class) through the
     same phases; its prefix is longer than pi_0's by the state written into the prompt."""
     from omni_rl.models.pi05 import build_tiny_pi05
@@ -65,5 +71,5 @@ def test_a_pi05_run_is_traced_with_its_state_in_the_prompt(tmp_path, tiny_pi0):
     assert set(figures["phases"]) == {"bc", "bc/step", "rollout", "update", "update/step"}
     params = figures["info"]["params"]
     assert figures["phases"]["update/step"]["peak"]["Sharded Param"] == pytest.approx(params * 4 / 2, rel=0.02)
-    _, pi0 = trace(tmp_path, tiny_pi0, "--demo-chunks", "1000")
+    _, pi0 = pi0_trace
     assert figures["info"]["prefix_tokens"] > pi0["info"]["prefix_tokens"]
