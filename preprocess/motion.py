@@ -17,6 +17,10 @@ back and ``equal_count``'s one or two flashes show two frame pairs either way, s
 frame known to be frame t tells them about 57% of the time (the clip's first and last
 pairs, when a flash falls there).
 
+``quarter`` asks the ``when`` question with four options (multiple choice A-D,
+balanced, chance 1/4): in which quarter of the clip a square shows for one or two frame
+pairs. One frame known to be frame t tells it about 44% of the time.
+
 The ``ROUTED_KINDS`` each go to a reward of their own by ``problem_type``: ``heading``,
 which of four ways a square moves (multiple choice A-D, balanced, chance 1/4);
 ``counting``, how many times a square flashes, 0 to 4, answered as a number (the
@@ -41,6 +45,8 @@ from omni_rl.rewards.parsing import interval_iou
 
 KINDS = ("direction", "order", "count", "when")
 ROUTED_KINDS = ("heading", "counting", "grounding")
+QUARTER = "quarter"
+"""Four-option choice (A-D): in which quarter of the clip the square shows."""
 FRAMELESS = {"wrap_direction": "direction", "adjacent_order": "order", "equal_count": "count"}
 """Direction, order and count laid out so that one frame tells (almost) nothing: each
 asks its default kind's question, with its options."""
@@ -50,6 +56,7 @@ QUESTIONS = {
     "order": ("Which square appears first?", ["red", "blue"]),
     "count": ("How many times does the square flash?", ["1", "2"]),
     "when": ("When does the square show, in the first or the second half?", ["first", "second"]),
+    "quarter": ("In which quarter of the clip does the square show?", ["first", "second", "third", "fourth"]),
     "heading": ("Which way does the square move?", ["up", "down", "left", "right"]),
     "counting": ("How many times does the square flash? Answer with a number.", ["0", "1", "2", "3", "4"]),
     # answers are drawn (``_span``), not options: one placeholder keeps the cycle simple
@@ -63,6 +70,7 @@ TELLS = {
     "order": "The {} square appears first.",
     "count": "The square flashes {} time(s).",
     "when": "The square shows in the {} half.",
+    "quarter": "The square shows in the {} quarter.",
     "heading": "The square moves {}.",
     "counting": "The square flashes {} time(s).",
     "grounding": "The square shows at {} seconds.",
@@ -208,6 +216,12 @@ def colored_clip(kind: str, answer: int, rng: np.random.Generator) -> tuple[np.n
         length = int(rng.integers(1, 4))
         half = pairs // 2
         start = int(rng.integers(0, half - length + 1)) + (half if answer == 1 else 0)
+        _flash(frames, range(start, start + length), _corner(rng), color)
+    elif kind == "quarter":
+        # a flash of one or two pairs wholly inside one quarter (two pairs) of the clip
+        length = int(rng.integers(1, 3))
+        quarter = pairs // 4
+        start = answer * quarter + int(rng.integers(0, quarter - length + 1))
         _flash(frames, range(start, start + length), _corner(rng), color)
     elif kind in MOVES:
         # from anywhere on a torus, so that any one frame's square is alike for every

@@ -89,12 +89,13 @@ def test_what_one_frame_at_its_place_in_the_clip_tells_each_default_kind():
 
 
 def best_single_frame(kind: str, rng: np.random.Generator, clips: int = 800) -> float:
-    """Over ``clips`` clips of a two-option ``kind``, answers alternating: the held-out
+    """Over ``clips`` clips of ``kind``, answers cycling over its options: the held-out
     accuracy (``heldout_majority``) of the best guess from frame t alone, at the best t.
     What a frame shows: a moving square's place (x in 7-pixel bands; on a torus for
     ``wrap_direction``), which colours show (the order kinds), or whether the square
     shows (the rest)."""
-    truth = np.array([0, 1] * (clips // 2))
+    options = len(QUESTIONS[kind][1])
+    truth = np.array(list(range(options)) * (clips // options))
     frames = [clip(kind, int(a), rng) for a in truth]
     if kind in ("order", "adjacent_order"):  # per clip [T, 2]: whether red, blue show in frame t
         shows = [np.stack([lit(c, color).any(axis=(1, 2)) for color in ("red", "blue")], -1) for c in frames]
@@ -369,3 +370,43 @@ def test_one_frame_at_its_place_tells_the_frameless_kinds_little():
     for kind, (low, high) in bounds.items():
         best = best_single_frame(kind, rng)
         assert low <= best <= high, (kind, best)
+
+
+# ------------------------------------------------------------------ the quarter kind
+
+
+def read_quarter(frames: np.ndarray) -> int:
+    """The quarter of the clip (0-3) its square shows in, read back from the pixels."""
+    shown = np.flatnonzero(lit(frames).any(axis=(1, 2)))
+    quarter = len(frames) // 4
+    assert shown.min() // quarter == shown.max() // quarter  # wholly in one quarter
+    return int(shown.min() // quarter)
+
+
+def test_each_quarter_clip_shows_its_answer_in_whole_pairs():
+    rng = np.random.default_rng(11)
+    lengths = set()
+    for answer in (0, 1, 2, 3) * 20:
+        frames = clip("quarter", answer, rng)
+        assert read_quarter(frames) == answer
+        on = lit(frames).any(axis=(1, 2))
+        assert np.array_equal(on[0::2], on[1::2])
+        lengths.add(int(on.sum()) // 2)
+    assert lengths == {1, 2}  # one or two pairs
+
+
+def test_quarter_rows_are_balanced_and_agree_with_the_decoded_clips(tmp_path):
+    data = write_motion_qa(tmp_path / "qa", 16, seed=3, kinds=("quarter",))
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert sorted(r["answer"] for r in rows) == sorted("ABCD" * 4)
+    for row in rows:
+        assert row["problem_type"] == "multiple_choice" and row["options"] == QUESTIONS["quarter"][1]
+        assert read_quarter(decoded(tmp_path / "qa" / row["videos"][0])) == "ABCD".index(row["answer"])
+
+
+def test_what_one_frame_at_its_place_tells_the_quarter():
+    """The best guess from frame t alone (whether the square shows), at the best t: about
+    0.44 against 0.25 by chance (a shown square names its quarter; one frame shows it in
+    3 clips of 16), where the two-option when kind gets about 0.85."""
+    best = best_single_frame("quarter", np.random.default_rng(0))
+    assert 0.38 <= best <= 0.5, best

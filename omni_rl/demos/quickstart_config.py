@@ -41,7 +41,8 @@ class QuickstartData:
     kinds: list[str] = field(default_factory=lambda: list(KINDS))
     """The kinds of question, cycled: the four two-option kinds (default); the
     two-option ``wrap_direction``, ``adjacent_order`` and ``equal_count``, which one
-    frame does not answer; and any of ``heading`` (four options), ``counting`` (a
+    frame does not answer; ``quarter``, in which quarter of the clip the square shows
+    (four options); and any of ``heading`` (four options), ``counting`` (a
     number, 0 to 4, the ``counting`` reward) and ``grounding`` (a [start, end] span,
     the ``temporal_grounding`` reward, which needs ``grpo.rollout.max_new_tokens: 32``
     to end its answer). The summary gives each kind's chance: a uniform guess, or for
