@@ -13,7 +13,8 @@ OUT/truth.jsonl and OUT/media/.
 question per clip, cycling through four kinds whose answers are in the frames (which
 way a square moves, which of two squares appears first, how many times one flashes, in
 which half one shows); ``--decoy-every K`` makes every K-th question state its answer.
-``--kinds`` picks the kinds, among them ``wrap_direction``, ``adjacent_order`` and
+``--kinds`` picks the kinds, among them ``quarter`` (in which quarter of the clip a
+square shows, four options), ``wrap_direction``, ``adjacent_order`` and
 ``equal_count``, which one frame does not answer, and those each routed to a reward of
 its own:
 ``heading`` (four-way multiple choice), ``counting`` (a number, 0 to 4) and
