@@ -45,8 +45,6 @@ from omni_rl.rewards.parsing import interval_iou
 
 KINDS = ("direction", "order", "count", "when")
 ROUTED_KINDS = ("heading", "counting", "grounding")
-QUARTER = "quarter"
-"""Four-option choice (A-D): in which quarter of the clip the square shows."""
 FRAMELESS = {"wrap_direction": "direction", "adjacent_order": "order", "equal_count": "count"}
 """Direction, order and count laid out so that one frame tells (almost) nothing: each
 asks its default kind's question, with its options."""
