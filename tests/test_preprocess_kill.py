@@ -49,7 +49,7 @@ def test_sigkill_then_rerun_gives_a_verified_complete_cache(tmp_path, seed):
     rows = []
     for i in range(40):
         direction = ["left", "right", "up", "down"][i % 4]
-        write_video(tmp_path / "m" / f"{i}.mp4", moving_square(direction, 3.0, 20, 320 + 8 * i, 240), 20)
+        write_video(tmp_path / "m" / f"{i}.mp4", moving_square(direction, 1.0, 20, 320 + 8 * i, 240), 20)
         rows.append({"id": f"r{i}", "problem": "p", "problem_type": "counting", "answer": 1, "videos": [f"m/{i}.mp4"]})
     rows.append({"id": "bad", "problem": "p", "problem_type": "counting", "answer": 1, "videos": ["m/none.mp4"]})
     data = tmp_path / "data.jsonl"
