@@ -12,6 +12,21 @@ from omni_rl.recipes.flow_ppo_config import BCConfig, FlowTrainerConfig, PPOConf
 from omni_rl.runtime import RunConfig
 from omni_rl.sim.config import SimEnvConfig
 
+CLONING_STEPS = {"pi0": 1500, "pi05": 3000}
+"""Behaviour cloning's steps per policy type when ``bc.steps`` is unset: each past where
+that type's clone starts to follow the instruction (docs/getting-started/quickstart-vla.md).
+pi_0.5 reads the point's position as digits in its prompt and needs the longer one: at
+1,500 steps one seed of three cloned to a policy that ignores the instruction."""
+
+
+@dataclass
+class QuickstartBCConfig(BCConfig):
+    """Behaviour cloning, its length chosen per policy type unless set."""
+
+    steps: int | None = None
+    """Optimizer steps of cloning; unset: the policy type's (``CLONING_STEPS``: 1,500
+    for pi_0, 3,000 for pi_0.5)."""
+
 
 @dataclass
 class QuickstartVLAConfig(QuickstartSimConfig):
@@ -52,13 +67,15 @@ class QuickstartVLAConfig(QuickstartSimConfig):
     """The update."""
     trainer: FlowTrainerConfig = field(default_factory=lambda: flow_trainer(steps=100, eval_every=20))
     """The loop (held-out success on ``eval_episodes`` seeds)."""
-    bc: BCConfig = field(default_factory=lambda: BCConfig(steps=1500))
-    """Behaviour cloning (its ``demos`` is the collected file): 1,500 steps, past where
-    the clone starts to follow the instruction (docs/getting-started/quickstart-vla.md)."""
+    bc: QuickstartBCConfig = field(default_factory=QuickstartBCConfig)
+    """Behaviour cloning (its ``demos`` is the collected file), for the policy type's
+    ``CLONING_STEPS`` unless ``bc.steps`` is set."""
 
     def __post_init__(self):
         super().__post_init__()
         require(self.policy.vla, "policy.type", "the VLA quickstart trains a VLA policy: pi0 or pi05")
+        if self.bc.steps is None:
+            self.bc.steps = CLONING_STEPS[self.policy.type]
         require(self.env.task == "PixelTargets-v0", "env.task", "the VLA quickstart runs PixelTargets-v0")
         if self.policy.path is not None:
             require(self.model_width is None, "model_width", "sizes the tiny pi_0 written when policy.path is unset")
