@@ -355,10 +355,11 @@ def test_the_vla_quickstart_sizes_only_the_model_it_writes():
 def test_the_vla_quickstart_clones_each_policy_type_for_its_own_length():
     """pi_0.5 clones longer than pi_0 unless bc.steps says otherwise, and the run's config
     records the length it used."""
+    from omni_rl.config import to_dict
     from omni_rl.recipe_loader import load_config
 
     assert load_config(None, [], recipe="quickstart_vla").bc.steps == 1500
-    assert load_config(None, ["policy.type=pi05"], recipe="quickstart_vla").bc.steps == 3000
+    assert to_dict(load_config(None, ["policy.type=pi05"], recipe="quickstart_vla"))["bc"]["steps"] == 3000
     assert load_config(None, ["policy.type=pi05", "bc.steps=700"], recipe="quickstart_vla").bc.steps == 700
     assert load_config(None, ["bc.lr=0.01"], recipe="quickstart_vla").bc.steps == 1500
 
