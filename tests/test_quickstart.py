@@ -81,6 +81,34 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert (tmp_path / "plots" / "grpo" / "eval_heldout_accuracy.png").is_file()
     out = capsys.readouterr().out
     assert "after GRPO" in out and "video_direction" in out
+    assert_text_alone_rescores(tmp_path, summary, kinds)
+    assert "asked without media" in out
+
+
+def assert_text_alone_rescores(out, summary: dict, sources: set[str]) -> None:
+    """The GRPO model was asked every held-out question without its media, and
+    summary.json's ``without_media`` figures are its saved answers scored afresh."""
+    from omni_rl.rewards import score
+
+    blind = [json.loads(line) for line in (out / "data" / "heldout" / "without_media.jsonl").read_text().splitlines()]
+    heldout = (out / "data" / "heldout" / "data.jsonl").read_text().splitlines()
+    assert [r["id"] for r in blind] == [json.loads(line)["id"] for line in heldout]
+    assert not any(key in r for r in blind for key in ("videos", "images", "audios"))
+    saved = [json.loads(line) for line in (out / "heldout_answers.jsonl").read_text().splitlines()]
+    rows = {r["id"]: r for r in blind}
+    results = {}
+    for a in saved:
+        row, (text,) = rows[a["id"]], a["without_media"]
+        results[a["id"]] = score(row["problem_type"], text, row["answer"], options=row.get("options"))
+    alone = summary["without_media"]
+    assert set(alone) == sources | {"overall"}
+    for source, entry in alone.items():
+        mine = [r for i, r in results.items() if source in ("overall", rows[i]["data_source"])]
+        assert entry["rows"] == len(mine) > 0
+        assert entry["accuracy"] == pytest.approx(sum(r.accuracy for r in mine) / len(mine))
+        assert entry["answered"] == pytest.approx(sum(r.format == 1.0 for r in mine) / len(mine))
+        assert entry["accuracy_ci95"][0] <= entry["accuracy"] <= entry["accuracy_ci95"][1]
+    assert alone["overall"]["rows"] == summary["heldout_rows"]
 
 
 def test_quickstart_with_a_one_step_off_rollout(tmp_path, capsys):
@@ -378,7 +406,9 @@ def test_audio_quickstart_small_run(tmp_path, capsys):
     assert main(args) == 0
     summary = assert_summary_rescores(tmp_path)
     assert summary["heldout_rows"] == 8 and summary["silent"] is False
-    assert set(summary["per_source"]) == {"audio_higher", "audio_count", "audio_order", "audio_louder"}
+    sources = {"audio_higher", "audio_count", "audio_order", "audio_louder"}
+    assert set(summary["per_source"]) == sources
+    assert_text_alone_rescores(tmp_path, summary, sources)
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["data/cache_misses"] == 0  # the audio came from the cache
     assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()

@@ -4,9 +4,10 @@ It generates short clips of coloured squares, each with a two-option question th
 needs several frames (which way a square moves, which of two appears first, how many
 times one flashes, in which half one shows), with a held-out split; caches the media,
 builds a tiny Qwen2.5-VL, runs a short SFT cold start on part of the training set,
-evaluates on the held-out split, runs GRPO from the SFT checkpoint, evaluates again,
-and writes ``summary.json`` (held-out accuracy after SFT and after RL, per kind of
-question, seconds) and curve PNGs. The two phases are the sft and grpo recipes run on
+evaluates on the held-out split, runs GRPO from the SFT checkpoint, evaluates again
+(and once more with the held-out questions asked without their clips), and writes
+``summary.json`` (held-out accuracy after SFT and after RL, per kind of question, the
+text alone's, seconds) and curve PNGs. The two phases are the sft and grpo recipes run on
 the config's ``sft`` and ``grpo`` sections, filled with what the quickstart generates.
 """
 
@@ -41,6 +42,7 @@ from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
 from omni_rl.recipes.common import write_model_inputs
+from omni_rl.rewards import Target, score_batch
 from omni_rl.runtime import apply_run_settings, resolve_device
 
 
@@ -153,13 +155,23 @@ def train_grpo(grpo_cfg) -> None:
         raise OmniRLError(f"the GRPO phase under torchrun failed (exit {done.returncode}); its output is above")
 
 
+def without_clips(heldout: Path) -> Path:
+    """The rows of ``heldout`` each asked without its media (``without_media``, as
+    ``omni-rl curate text-only`` asks them), written beside it as
+    ``without_media.jsonl``; returns that file."""
+    out = heldout.parent / "without_media.jsonl"
+    out.write_text("".join(json.dumps(without_media(row)) + "\n" for row in read_rows(heldout)[0]))
+    return out
+
+
 def run_phases(
     cfg, train: Path, sft_rows: Path, heldout: Path, grpo_rows: Callable[[Path], Path] | None = None, **tiny
-) -> tuple[dict, dict]:
+) -> tuple[dict, dict, dict]:
     """Cache every split, SFT on ``sft_rows``, evaluate on ``heldout``, GRPO on
     ``train`` (or on ``grpo_rows(the SFT model)``) from the SFT checkpoint, evaluate
-    again. Returns both evaluations. ``cfg`` is a quickstart config (run, media, model,
-    data, sft and grpo sections)."""
+    again, with and without the held-out rows' media (``without_clips``: the text
+    alone). Returns the three evaluations. ``cfg`` is a quickstart config (run, media,
+    model, data, sft and grpo sections)."""
     out = Path(cfg.run.output_dir)
     budgets = Budgets.from_config(cfg.media)
     for data in (train, sft_rows, heldout):  # each split gets its cache index (sft's media are train's)
@@ -178,8 +190,10 @@ def run_phases(
     for data in (rows, heldout):  # what omni-rl preprocess --config caches: the processor's output, once
         write_model_inputs(grpo_cfg, data, out / "cache", resolve_device(cfg.run.device))
     train_grpo(grpo_cfg)
-    after_rl = _held_out(cfg, checkpoint.latest(out / "grpo") / "model", heldout_set)
-    return after_sft, after_rl
+    grpo_model = checkpoint.latest(out / "grpo") / "model"
+    after_rl = _held_out(cfg, grpo_model, heldout_set)
+    blind = MediaDataset(without_clips(heldout), budgets, out / "cache", "prefer_cache", prompt_template=template)
+    return after_sft, after_rl, _held_out(cfg, grpo_model, blind)
 
 
 def by_source(row: dict) -> str:
@@ -232,6 +246,51 @@ def compare(
     return result
 
 
+def text_alone(heldout: Path, without: dict, baseline: Callable[[dict], float | None] = chance) -> dict:
+    """The GRPO model asked the held-out questions without their media (``without``: its
+    evaluation on ``without_clips``), per data source and ``overall``: rows, the
+    baseline (the mean of ``baseline``), the accuracy with its 95% interval, and
+    ``answered``, the share of answers in the expected form (format 1 under the
+    evaluation's reward settings), so that an accuracy under the baseline reads as
+    answers out of form where it is one."""
+    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["id"] in without["row_accuracy"]]
+    formed = score_batch(
+        [r["problem_type"] for r in rows],
+        [without["answers"][r["id"]][0] for r in rows],
+        [Target(r["answer"], r.get("options"), r) for r in rows],
+        None,
+    )
+    groups: dict[str, list[tuple[dict, float]]] = {"overall": []}
+    for row, result in zip(rows, formed, strict=True):
+        groups.setdefault(by_source(row), []).append((row, result.format))
+        groups["overall"].append((row, result.format))
+    summary = {}
+    for name, mine in sorted(groups.items(), key=lambda kv: kv[0] == "overall"):
+        right = [without["row_accuracy"][r["id"]] for r, _ in mine]
+        chances = [baseline(r) for r, _ in mine]
+        summary[name] = {
+            "rows": len(mine),
+            "chance": None if None in chances else sum(chances) / len(mine),
+            "accuracy": sum(right) / len(mine),
+            "accuracy_ci95": [round(x, 4) for x in binomial_interval(sum(right), len(mine))],
+            "answered": sum(f == 1.0 for _, f in mine) / len(mine),
+        }
+    return summary
+
+
+def text_alone_table(entries: dict) -> str:
+    """``text_alone``'s result as a plain-text table."""
+    width = max(22, *(len(name) + 1 for name in entries))
+    lines = [f"{'asked without media':<{width}}{'rows':>6}{'chance':>8}   {'after GRPO':<21}answered in form"]
+    for name, e in entries.items():
+        odds = "-" if e["chance"] is None else f"{e['chance']:.2f}"
+        low, high = e["accuracy_ci95"]
+        cell = f"{e['accuracy']:.2f} [{low:.2f}, {high:.2f}]"
+        lines.append(f"{name:<{width}}{e['rows']:>6}{odds:>8}   {cell:<21}{e['answered']:.2f}")
+    return "\n".join(lines)
+
+
 NORMALISED = "each row's score s with its baseline b as (s - b) / (1 - b), 0 at the baseline, 1 right; their mean"
 
 
@@ -280,16 +339,18 @@ def write_summary(
     after_rl: dict,
     started: float,
     baseline: Callable[[dict], float | None] = chance,
+    without: dict | None = None,
     **extra,
 ) -> dict:
     """``summary.json`` (held-out accuracy after SFT and after RL, overall, per problem
     type and per data source with chance, 95% intervals and the gain, and overall on one
     scale over unlike baselines, ``normalised_overall``; where some held-out rows
-    are decoys, the same for them and for the others, ``per_label``; ``extra``,
-    seconds), ``heldout_answers.jsonl`` (each held-out row's answers after SFT and after
-    RL, which the accuracies score), curve PNGs, and the comparison printed.
-    ``heldout``: the held-out rows' dataset file; ``baseline``: a row's score without
-    its media (``compare``)."""
+    are decoys, the same for them and for the others, ``per_label``; ``without``: the
+    RL model's evaluation on the rows without their media, as ``text_alone``;
+    ``extra``, seconds), ``heldout_answers.jsonl`` (each held-out row's answers after
+    SFT and after RL, and without its media, which the accuracies score), curve PNGs,
+    and the comparisons printed. ``heldout``: the held-out rows' dataset file;
+    ``baseline``: a row's score without its media (``compare``)."""
     compared = compare(heldout, after_sft, after_rl, baseline=baseline)
     typed = compare(heldout, after_sft, after_rl, by_type, baseline)
     typed.pop("overall")
@@ -298,6 +359,9 @@ def write_summary(
     if "decoys" in labelled:
         labelled.pop("overall")
         extra = {"per_label": labelled, **extra}
+    alone = text_alone(heldout, without, baseline) if without is not None else None
+    if alone is not None:
+        extra = {"without_media": alone, **extra}
     summary = {
         "heldout_accuracy_sft": after_sft["accuracy"],
         "heldout_accuracy_rl": after_rl["accuracy"],
@@ -312,6 +376,7 @@ def write_summary(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     answers = [
         {"id": row_id, "after_sft": after_sft["answers"].get(row_id), "after_rl": texts}
+        | ({"without_media": without["answers"].get(row_id)} if without is not None else {})
         for row_id, texts in after_rl["answers"].items()
     ]
     (out / "heldout_answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
@@ -320,6 +385,8 @@ def write_summary(
     shown |= summary.get("per_label", {})
     shown |= {"overall": summary["overall"]} | ({"overall, normalised": normalised} if normalised else {})
     print(compare_table(shown))
+    if alone is not None:
+        print(text_alone_table(alone))
     return summary
 
 
@@ -356,7 +423,7 @@ def main(cfg: QuickstartConfig) -> dict:
         cfg = replace(cfg, grpo=scored_on_accuracy_alone(cfg.grpo, "numerical"))
     chosen = partial(curated, cfg, train, d.curate_model) if d.curate == "text-only" else None
     grpo_rows = without_decoys(train) if d.curate == "labels" else train
-    after_sft, after_rl = run_phases(cfg, grpo_rows, sft_rows, heldout, chosen)
+    after_sft, after_rl, without = run_phases(cfg, grpo_rows, sft_rows, heldout, chosen)
     controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
     if d.sft_color_questions:
         controls |= {"sft_color_questions": True}
@@ -373,7 +440,9 @@ def main(cfg: QuickstartConfig) -> dict:
         controls |= {"curation": {"model": "the decoy labels", "rows": rows, "dropped": rows - kept}}
     if kinds != KINDS:
         controls |= {"kinds": list(kinds)}
-    return write_summary(out, heldout, after_sft, after_rl, started, motion_chance, **controls, runtime=runtime)
+    return write_summary(
+        out, heldout, after_sft, after_rl, started, motion_chance, without, **controls, runtime=runtime
+    )
 
 
 def motion_chance(row: dict) -> float | None:
