@@ -6,6 +6,8 @@ import pytest
 
 from omni_rl.algorithms.stats import binomial_interval
 from omni_rl.cli import main
+from omni_rl.demos.quickstart_audio_config import audio_grpo
+from omni_rl.demos.quickstart_config import quickstart_grpo
 
 SMALL_VIDEO = ("sft.trainer.steps=3", "grpo.rollout.n=2", "grpo.data.prompts_per_step=2")
 """What every small run of the video quickstart shortens."""
@@ -81,13 +83,15 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert (tmp_path / "plots" / "grpo" / "eval_heldout_accuracy.png").is_file()
     out = capsys.readouterr().out
     assert "after GRPO" in out and "video_direction" in out
-    assert_text_alone_rescores(tmp_path, summary, kinds)
+    assert_text_alone_rescores(tmp_path, summary, kinds, quickstart_grpo().rewards.settings())
     assert "asked without media" in out
 
 
-def assert_text_alone_rescores(out, summary: dict, sources: set[str]) -> None:
+def assert_text_alone_rescores(out, summary: dict, sources: set[str], settings) -> None:
     """The GRPO model was asked every held-out question without its media, and
-    summary.json's ``without_media`` figures are its saved answers scored afresh."""
+    summary.json's ``without_media`` figures are its saved answers scored afresh: the
+    accuracy as the held-out evaluations score it, the form under the GRPO phase's
+    reward ``settings`` (a bare ``<answer>B</answer>`` is in form there)."""
     from omni_rl.rewards import score
 
     blind = [json.loads(line) for line in (out / "data" / "heldout" / "without_media.jsonl").read_text().splitlines()]
@@ -99,16 +103,46 @@ def assert_text_alone_rescores(out, summary: dict, sources: set[str]) -> None:
     results = {}
     for a in saved:
         row, (text,) = rows[a["id"]], a["without_media"]
-        results[a["id"]] = score(row["problem_type"], text, row["answer"], options=row.get("options"))
+        results[a["id"]] = (
+            score(row["problem_type"], text, row["answer"], options=row.get("options")).accuracy,
+            score(row["problem_type"], text, row["answer"], options=row.get("options"), settings=settings).format,
+        )
     alone = summary["without_media"]
     assert set(alone) == sources | {"overall"}
     for source, entry in alone.items():
         mine = [r for i, r in results.items() if source in ("overall", rows[i]["data_source"])]
         assert entry["rows"] == len(mine) > 0
-        assert entry["accuracy"] == pytest.approx(sum(r.accuracy for r in mine) / len(mine))
-        assert entry["answered"] == pytest.approx(sum(r.format == 1.0 for r in mine) / len(mine))
+        assert entry["accuracy"] == pytest.approx(sum(accuracy for accuracy, _ in mine) / len(mine))
+        assert entry["answered"] == pytest.approx(sum(form == 1.0 for _, form in mine) / len(mine))
         assert entry["accuracy_ci95"][0] <= entry["accuracy"] <= entry["accuracy_ci95"][1]
     assert alone["overall"]["rows"] == summary["heldout_rows"]
+
+
+def test_text_alone_counts_answers_in_the_form_the_grpo_phase_rewards(tmp_path):
+    """A bare ``<answer>B</answer>`` is in form under the quickstart's rewards (the
+    answer_only template), whatever the default template asks; a wrong letter in form
+    scores 0, a right one out of form still scores its accuracy as the evaluations do."""
+    from omni_rl.demos.quickstart import text_alone
+
+    heldout = tmp_path / "data.jsonl"
+    rows = [
+        {"id": f"r{i}", "problem": "Which way?", "problem_type": "multiple_choice", "options": ["left", "right"]}
+        | {"answer": answer, "data_source": source}
+        for i, (answer, source) in enumerate([("A", "video_direction"), ("B", "video_direction"), ("A", "video_when")])
+    ]
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = {"r0": ["<answer>B</answer>"], "r1": ["<answer>B</answer>"], "r2": ["A"]}
+    without = {"row_accuracy": {"r0": 0.0, "r1": 1.0, "r2": 1.0}, "answers": answers}
+    alone = text_alone(heldout, without, lambda row: 0.5, quickstart_grpo().rewards.settings())
+    assert alone["video_direction"] | {"accuracy_ci95": None} == {
+        "rows": 2,
+        "chance": 0.5,
+        "accuracy": 0.5,
+        "accuracy_ci95": None,
+        "answered": 1.0,
+    }
+    assert (alone["video_when"]["accuracy"], alone["video_when"]["answered"]) == (1.0, 0.0)
+    assert (alone["overall"]["rows"], alone["overall"]["answered"]) == (3, pytest.approx(2 / 3))
 
 
 def test_quickstart_with_a_one_step_off_rollout(tmp_path, capsys):
@@ -408,7 +442,7 @@ def test_audio_quickstart_small_run(tmp_path, capsys):
     assert summary["heldout_rows"] == 8 and summary["silent"] is False
     sources = {"audio_higher", "audio_count", "audio_order", "audio_louder"}
     assert set(summary["per_source"]) == sources
-    assert_text_alone_rescores(tmp_path, summary, sources)
+    assert_text_alone_rescores(tmp_path, summary, sources, audio_grpo().rewards.settings())
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["data/cache_misses"] == 0  # the audio came from the cache
     assert (tmp_path / "plots" / "grpo" / "reward_mean.png").is_file()

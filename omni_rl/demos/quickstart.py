@@ -246,20 +246,19 @@ def compare(
     return result
 
 
-def text_alone(heldout: Path, without: dict, baseline: Callable[[dict], float | None] = chance) -> dict:
+def text_alone(heldout: Path, without: dict, baseline: Callable[[dict], float | None] = chance, settings=None) -> dict:
     """The GRPO model asked the held-out questions without their media (``without``: its
     evaluation on ``without_clips``), per data source and ``overall``: rows, the
-    baseline (the mean of ``baseline``), the accuracy with its 95% interval, and
-    ``answered``, the share of answers in the expected form (format 1 under the
-    evaluation's reward settings), so that an accuracy under the baseline reads as
-    answers out of form where it is one."""
+    baseline (the mean of ``baseline``), the accuracy with its 95% interval (scored as
+    the other evaluations are), and ``answered``, the share of answers in the form the
+    GRPO phase rewarded (format 1 under its reward ``settings``)."""
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["id"] in without["row_accuracy"]]
     formed = score_batch(
         [r["problem_type"] for r in rows],
         [without["answers"][r["id"]][0] for r in rows],
         [Target(r["answer"], r.get("options"), r) for r in rows],
-        None,
+        settings,
     )
     groups: dict[str, list[tuple[dict, float]]] = {"overall": []}
     for row, result in zip(rows, formed, strict=True):
@@ -340,13 +339,15 @@ def write_summary(
     started: float,
     baseline: Callable[[dict], float | None] = chance,
     without: dict | None = None,
+    settings=None,
     **extra,
 ) -> dict:
     """``summary.json`` (held-out accuracy after SFT and after RL, overall, per problem
     type and per data source with chance, 95% intervals and the gain, and overall on one
     scale over unlike baselines, ``normalised_overall``; where some held-out rows
     are decoys, the same for them and for the others, ``per_label``; ``without``: the
-    RL model's evaluation on the rows without their media, as ``text_alone``;
+    RL model's evaluation on the rows without their media, as ``text_alone`` under the
+    GRPO phase's reward ``settings``;
     ``extra``, seconds), ``heldout_answers.jsonl`` (each held-out row's answers after
     SFT and after RL, and without its media, which the accuracies score), curve PNGs,
     and the comparisons printed. ``heldout``: the held-out rows' dataset file;
@@ -359,7 +360,7 @@ def write_summary(
     if "decoys" in labelled:
         labelled.pop("overall")
         extra = {"per_label": labelled, **extra}
-    alone = text_alone(heldout, without, baseline) if without is not None else None
+    alone = text_alone(heldout, without, baseline, settings) if without is not None else None
     if alone is not None:
         extra = {"without_media": alone, **extra}
     summary = {
@@ -441,7 +442,16 @@ def main(cfg: QuickstartConfig) -> dict:
     if kinds != KINDS:
         controls |= {"kinds": list(kinds)}
     return write_summary(
-        out, heldout, after_sft, after_rl, started, motion_chance, without, **controls, runtime=runtime
+        out,
+        heldout,
+        after_sft,
+        after_rl,
+        started,
+        motion_chance,
+        without,
+        cfg.grpo.rewards.settings(),
+        **controls,
+        runtime=runtime,
     )
 
 

@@ -24,4 +24,14 @@ def main(cfg: AudioQuickstartConfig) -> dict:
     heldout = write_audio_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, silent=d.silent)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl")
     after_sft, after_rl, without = run_phases(cfg, train, sft_rows, heldout, tiny_audio_seconds=cfg.model.audio_seconds)
-    return write_summary(out, heldout, after_sft, after_rl, started, without=without, silent=d.silent, runtime=runtime)
+    return write_summary(
+        out,
+        heldout,
+        after_sft,
+        after_rl,
+        started,
+        without=without,
+        settings=cfg.grpo.rewards.settings(),
+        silent=d.silent,
+        runtime=runtime,
+    )
