@@ -42,7 +42,7 @@ from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
 from omni_rl.recipes.common import write_model_inputs
-from omni_rl.rewards import Target, score_batch
+from omni_rl.rewards import RewardSettings, Target, score_batch
 from omni_rl.runtime import apply_run_settings, resolve_device
 
 
@@ -246,7 +246,12 @@ def compare(
     return result
 
 
-def text_alone(heldout: Path, without: dict, baseline: Callable[[dict], float | None] = chance, settings=None) -> dict:
+def text_alone(
+    heldout: Path,
+    without: dict,
+    baseline: Callable[[dict], float | None] = chance,
+    settings: RewardSettings | None = None,
+) -> dict:
     """The GRPO model asked the held-out questions without their media (``without``: its
     evaluation on ``without_clips``), per data source and ``overall``: rows, the
     baseline (the mean of ``baseline``), the accuracy with its 95% interval (scored as
@@ -339,7 +344,7 @@ def write_summary(
     started: float,
     baseline: Callable[[dict], float | None] = chance,
     without: dict | None = None,
-    settings=None,
+    settings: RewardSettings | None = None,
     **extra,
 ) -> dict:
     """``summary.json`` (held-out accuracy after SFT and after RL, overall, per problem
@@ -347,11 +352,11 @@ def write_summary(
     scale over unlike baselines, ``normalised_overall``; where some held-out rows
     are decoys, the same for them and for the others, ``per_label``; ``without``: the
     RL model's evaluation on the rows without their media, as ``text_alone`` under the
-    GRPO phase's reward ``settings``;
-    ``extra``, seconds), ``heldout_answers.jsonl`` (each held-out row's answers after
-    SFT and after RL, and without its media, which the accuracies score), curve PNGs,
-    and the comparisons printed. ``heldout``: the held-out rows' dataset file;
-    ``baseline``: a row's score without its media (``compare``)."""
+    GRPO phase's reward ``settings``; ``extra``, seconds), ``heldout_answers.jsonl``
+    (each held-out row's answers after SFT and after RL, and without its media, which
+    the accuracies score), curve PNGs, and the comparisons printed. ``heldout``: the
+    held-out rows' dataset file; ``baseline``: a row's score without its media
+    (``compare``)."""
     compared = compare(heldout, after_sft, after_rl, baseline=baseline)
     typed = compare(heldout, after_sft, after_rl, by_type, baseline)
     typed.pop("overall")
