@@ -143,6 +143,7 @@ def test_text_alone_counts_answers_in_the_form_the_grpo_phase_rewards(tmp_path):
     }
     assert (alone["video_when"]["accuracy"], alone["video_when"]["answered"]) == (1.0, 0.0)
     assert (alone["overall"]["rows"], alone["overall"]["answered"]) == (3, pytest.approx(2 / 3))
+    assert text_alone(heldout, {"row_accuracy": {}, "answers": {}}) == {}  # nothing scored: no figures
 
 
 def test_quickstart_with_a_one_step_off_rollout(tmp_path, capsys):

@@ -256,9 +256,12 @@ def text_alone(
     evaluation on ``without_clips``), per data source and ``overall``: rows, the
     baseline (the mean of ``baseline``), the accuracy with its 95% interval (scored as
     the other evaluations are), and ``answered``, the share of answers in the form the
-    GRPO phase rewarded (format 1 under its reward ``settings``)."""
+    GRPO phase rewarded (format 1 under its reward ``settings``). Empty where the
+    evaluation scored no row."""
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["id"] in without["row_accuracy"]]
+    if not rows:
+        return {}
     formed = score_batch(
         [r["problem_type"] for r in rows],
         [without["answers"][r["id"]][0] for r in rows],
@@ -366,7 +369,7 @@ def write_summary(
         labelled.pop("overall")
         extra = {"per_label": labelled, **extra}
     alone = text_alone(heldout, without, baseline, settings) if without is not None else None
-    if alone is not None:
+    if alone:
         extra = {"without_media": alone, **extra}
     summary = {
         "heldout_accuracy_sft": after_sft["accuracy"],
@@ -391,7 +394,7 @@ def write_summary(
     shown |= summary.get("per_label", {})
     shown |= {"overall": summary["overall"]} | ({"overall, normalised": normalised} if normalised else {})
     print(compare_table(shown))
-    if alone is not None:
+    if alone:
         print(text_alone_table(alone))
     return summary
 
