@@ -211,14 +211,14 @@ def test_quickstart_composes_the_recipes_configs():
     assert cfg == load_config(None, recipe="quickstart") and isinstance(cfg, QuickstartConfig)
     assert isinstance(cfg.sft, SFTConfig) and isinstance(cfg.grpo, GRPOConfig)
     s, g = cfg.sft, cfg.grpo
-    assert (s.trainer.steps, s.optimizer.lr, s.data.prompts_per_step) == (100, 5e-4, 8)
+    assert (s.trainer.steps, s.optimizer.lr, s.data.prompts_per_step) == (400, 5e-4, 8)
     assert isinstance(s.optimizer, AdamWConfig) and isinstance(g.optimizer, AdamWConfig)
-    assert (g.trainer.steps, g.optimizer.lr, g.data.prompts_per_step) == (1000, 2e-4, 8)
-    assert (g.rollout.n, g.rollout.max_new_tokens, g.rollout.temperature) == (8, 24, 1.0)
+    assert (g.trainer.steps, g.optimizer.lr, g.data.prompts_per_step) == (800, 2e-4, 8)
+    assert (g.rollout.n, g.rollout.max_new_tokens, g.rollout.temperature) == (8, 32, 1.0)
     assert g.algorithm.kl_coef == 0.05
     assert (g.algorithm.advantage, g.algorithm.dynamic_sampling, g.rewards.template) == ("grpo", False, "answer_only")
     cfg = load_config("configs/quickstart.yaml", ["grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"])
-    assert cfg.grpo.optimizer.lr == 1e-4 and cfg.grpo.trainer.steps == 1000
+    assert cfg.grpo.optimizer.lr == 1e-4 and cfg.grpo.trainer.steps == 800
     assert cfg.sft.trainer.steps == 50 and cfg.sft.optimizer.lr == 5e-4
     with pytest.raises(ConfigError, match=r"grpo\.media: the quickstart fills this"):
         load_config(None, ["grpo.media.fps=1"], recipe="quickstart")
@@ -241,7 +241,7 @@ def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch
     cfg = load_config(None, [*overrides, "grpo.optimizer.lr=1e-4", "sft.trainer.steps=50"], recipe="quickstart")
     quickstart.main(cfg)
     sft_cfg, grpo_cfg = ran["sft"], ran["grpo"]
-    assert grpo_cfg.optimizer.lr == 1e-4 and grpo_cfg.trainer.steps == 1000 and grpo_cfg.rollout.n == 8
+    assert grpo_cfg.optimizer.lr == 1e-4 and grpo_cfg.trainer.steps == 800 and grpo_cfg.rollout.n == 8
     assert sft_cfg.trainer.steps == 50 and sft_cfg.optimizer.lr == 5e-4
     # each phase owns its folder: a rerun of the quickstart starts it afresh
     assert grpo_cfg.run == dataclasses.replace(cfg.run, output_dir=str(tmp_path / "grpo"), overwrite=True)

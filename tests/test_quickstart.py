@@ -11,6 +11,9 @@ from omni_rl.demos.quickstart_config import quickstart_grpo
 
 SMALL_VIDEO = ("sft.trainer.steps=3", "grpo.rollout.n=2", "grpo.data.prompts_per_step=2")
 """What every small run of the video quickstart shortens."""
+FOUR_KINDS = ("data.kinds=[direction,order,count,when]", "data.sft_color_questions=false")
+"""The four two-option kinds alone, without colour questions: the tests of a feature
+whose rows they count (decoys, curation, a fifth source)."""
 
 
 def video_quickstart(out, *overrides: str) -> int:
@@ -60,20 +63,30 @@ def assert_summary_rescores(out) -> dict:
 
 
 def test_quickstart_small_run(tmp_path, capsys):
-    assert video_quickstart(tmp_path, "data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=2") == 0
+    from omni_rl.demos.quickstart_config import DEFAULT_KINDS
+    from omni_rl.preprocess.motion import chance_of
+
+    assert video_quickstart(tmp_path, "data.train_clips=14", "data.heldout_clips=14", "grpo.trainer.steps=2") == 0
     summary = assert_summary_rescores(tmp_path)
-    assert summary["heldout_rows"] == 8 and summary["blank_frames"] is False and summary["shuffle_frames"] is False
-    kinds = {"video_direction", "video_order", "video_count", "video_when"}
-    assert set(summary["per_source"]) == kinds and set(summary["per_type"]) == {"multiple_choice"}
-    assert all(e["chance"] == 0.5 for e in [*summary["per_source"].values(), summary["overall"]])
-    assert summary["overall"]["rows"] == 8 and summary["per_source"]["video_when"]["rows"] == 2
-    # the cold start learned the answers shuffled within each kind
+    assert summary["heldout_rows"] == 14 and summary["blank_frames"] is False and summary["shuffle_frames"] is False
+    assert summary["kinds"] == list(DEFAULT_KINDS) and summary["sft_color_questions"] is True
+    kinds = {f"video_{k}" for k in DEFAULT_KINDS}
+    assert set(summary["per_source"]) == kinds
+    assert set(summary["per_type"]) == {"multiple_choice", "counting", "temporal_grounding"}
+    assert {k: e["chance"] for k, e in summary["per_source"].items()} == {
+        f"video_{k}": chance_of(k) for k in DEFAULT_KINDS
+    }
+    assert summary["overall"]["rows"] == 14 and all(e["rows"] == 2 for e in summary["per_source"].values())
+    # the cold start learned the answers shuffled within each kind, on every training
+    # clip, then the true colour of each clip's square
     train = [json.loads(line) for line in (tmp_path / "data" / "train" / "data.jsonl").read_text().splitlines()]
     sft_rows = [json.loads(line) for line in (tmp_path / "data" / "train" / "sft.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in sft_rows] == [r["id"] for r in train[: len(sft_rows)]]
+    asked = [r for r in sft_rows if r["data_source"] != "video_color"]
+    assert [r["id"] for r in asked] == [r["id"] for r in train]
+    assert [r["id"] for r in sft_rows[len(asked) :]] == [f"{r['id']}-color" for r in train if "square_color" in r]
     for kind in kinds:
-        mine = [r["answer"] for r in sft_rows if r["data_source"] == kind]
-        assert sorted(mine) == sorted(r["answer"] for r in train[: len(sft_rows)] if r["data_source"] == kind)
+        mine = [r["answer"] for r in asked if r["data_source"] == kind]
+        assert sorted(mine) == sorted(r["answer"] for r in train if r["data_source"] == kind)
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 3
     grpo_rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert len(grpo_rows) == 2
@@ -82,7 +95,7 @@ def test_quickstart_small_run(tmp_path, capsys):
     assert grpo_rows[-1]["eval/heldout/accuracy/source/video_when"] == summary["per_source"]["video_when"]["rl"]
     assert (tmp_path / "plots" / "grpo" / "eval_heldout_accuracy.png").is_file()
     out = capsys.readouterr().out
-    assert "after GRPO" in out and "video_direction" in out
+    assert "after GRPO" in out and "video_direction" in out and "video_grounding" in out
     assert_text_alone_rescores(tmp_path, summary, kinds, quickstart_grpo().rewards.settings())
     assert "asked without media" in out
 
@@ -163,7 +176,7 @@ def test_quickstart_with_decoys_and_a_text_only_share_of_the_cold_start(tmp_path
     rows without their clip (as curation asks them) and keeps the decoys' true answers
     while it shuffles the others'."""
     settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
-    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.sft_text_only=0.5") == 0
+    assert video_quickstart(tmp_path, *FOUR_KINDS, *settings, "data.decoy_every=3", "data.sft_text_only=0.5") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["decoy_every"] == 3 and summary["sft_text_only"] == 0.5 and summary["heldout_rows"] == 8
 
@@ -189,7 +202,7 @@ def test_quickstart_with_colour_questions_in_the_cold_start(tmp_path):
     their clips but the order kind's, with its true answer; the held-out set and GRPO's
     rows ask the kinds alone."""
     settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
-    assert video_quickstart(tmp_path, *settings, "data.sft_color_questions=true") == 0
+    assert video_quickstart(tmp_path, *FOUR_KINDS, *settings, "data.sft_color_questions=true") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["sft_color_questions"] is True and set(summary["per_source"]) == {
         f"video_{k}" for k in ("direction", "order", "count", "when")
@@ -219,7 +232,7 @@ def test_answer_spread_is_zero_where_the_clips_show_nothing_and_not_where_they_d
     small = ("data.train_clips=8", "data.heldout_clips=8", "grpo.trainer.steps=1")
     spreads = {}
     for name, extra in (("clips", ()), ("blank", ("data.blank_frames=true",))):
-        assert video_quickstart(tmp_path / name, *small, *extra) == 0
+        assert video_quickstart(tmp_path / name, *FOUR_KINDS, *small, *extra) == 0
         tool = Path(__file__).parent.parent / "tools" / "answer_spread.py"
         result = subprocess.run(
             [sys.executable, str(tool), str(tmp_path / name), "sft/tiny_model", "sft/model"],
@@ -241,7 +254,7 @@ def test_quickstart_trains_grpo_on_the_rows_text_only_curation_keeps(tmp_path):
     question without its clip; GRPO trains on the rows kept, the summary holds the
     drops against the decoy labels and held-out accuracy on decoys and the others."""
     settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
-    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.curate=text-only") == 0
+    assert video_quickstart(tmp_path, *FOUR_KINDS, *settings, "data.decoy_every=3", "data.curate=text-only") == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     data = tmp_path / "data"
 
@@ -268,7 +281,7 @@ def test_quickstart_trains_grpo_without_the_labelled_decoys(tmp_path):
     """``data.curate: labels``: the rows a perfect curator would drop (the decoys) leave,
     and no others."""
     settings = ("data.train_clips=16", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=1")
-    assert video_quickstart(tmp_path, *settings, "data.decoy_every=3", "data.curate=labels") == 0
+    assert video_quickstart(tmp_path, *FOUR_KINDS, *settings, "data.decoy_every=3", "data.curate=labels") == 0
     data = tmp_path / "data"
     train = [json.loads(line) for line in (data / "train" / "data.jsonl").read_text().splitlines()]
     kept = [json.loads(line) for line in (data / "kept.jsonl").read_text().splitlines()]
@@ -301,7 +314,9 @@ def test_quickstart_with_an_unreachable_source_under_the_ucb_sampler(tmp_path):
     from omni_rl.rewards import score
 
     settings = ("data.train_clips=8", "data.heldout_clips=8", "data.sft_fraction=0.5", "grpo.trainer.steps=2")
-    assert video_quickstart(tmp_path, *settings, "data.unreachable_rows=6", "grpo.data.sampler.type=ucb") == 0
+    assert (
+        video_quickstart(tmp_path, *FOUR_KINDS, *settings, "data.unreachable_rows=6", "grpo.data.sampler.type=ucb") == 0
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["unreachable_rows"] == 6 and summary["sampler"] == "ucb"
     assert "unreachable" not in summary["per_source"] and summary["heldout_rows"] == 8
@@ -482,7 +497,8 @@ def test_quickstart_with_the_kinds_each_routed_to_its_reward(tmp_path):
         assert summary["overall_normalised"][phase] == pytest.approx(sum(mine) / len(mine))
     assert summary["overall_normalised"]["rows"] == 6 and summary["overall_normalised"]["chance"] == 0.0
     sft_rows = [json.loads(line) for line in (tmp_path / "data" / "train" / "sft.jsonl").read_text().splitlines()]
-    assert len(sft_rows) % 3 == 0 and {r["problem_type"] for r in sft_rows} == set(summary["per_type"])
+    asked = [r for r in sft_rows if r["data_source"] != "video_color"]  # the colour questions are four-way
+    assert len(asked) % 3 == 0 and {r["problem_type"] for r in asked} == set(summary["per_type"])
 
 
 def test_quickstart_kinds_are_checked():

@@ -1,7 +1,7 @@
 """Benchmark the media cache against decoding raw files, side by side in one run.
 
     python tools/bench_cache.py [--videos 48 --seconds 10 --fps 30 --width 640 --height 480]
-                                [--steps 40 --train-steps 8 --quickstart-clips 800]
+                                [--steps 40 --train-steps 8 --quickstart-clips N]
 
 Measures, on synthetic H.264 clips sampled at 2 fps under a 128x28x28-pixel frame budget:
   1. preprocessing throughput (videos/s) with 1 and 2 workers, each into a fresh cache;
@@ -154,7 +154,7 @@ def quickstart_steps(cfg: QuickstartConfig, out: Path, steps: int, clips: int | 
     from raw files and from the cache; ``clips``: clips in its training split (default:
     the quickstart's)."""
     clips = clips or cfg.data.train_clips
-    train = write_motion_qa(out / "data" / "train", clips, cfg.run.seed)  # the quickstart's own writer
+    train = write_motion_qa(out / "data" / "train", clips, cfg.run.seed, kinds=tuple(cfg.data.kinds))  # its own writer
     budgets = Budgets.from_config(cfg.media)
     shutil.rmtree(out / "cache", ignore_errors=True)
     report = preprocess(train, out / "cache", budgets, workers=1, progress=False)
@@ -262,7 +262,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps of quickstart data timed per mode")
     parser.add_argument("--train-steps", type=int, default=8, help="whole GRPO steps timed per mode")
-    parser.add_argument("--quickstart-clips", type=int, default=None, help="clips (default: the quickstart's 800)")
+    parser.add_argument("--quickstart-clips", type=int, default=None, help="clips (default: the quickstart's)")
     parser.add_argument("--real-frames", type=int, default=64, help="frames of the real-size clips' GRPO steps")
     parser.add_argument("--real-widths", default="64,256", help="decoder widths of the tiny models those steps train")
     parser.add_argument("--real-steps", type=int, default=4, help="whole GRPO steps timed per width and mode")

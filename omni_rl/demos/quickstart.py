@@ -37,7 +37,7 @@ from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
-from omni_rl.preprocess.motion import KINDS, QUESTIONS, chance_of, color_rows, write_motion_qa
+from omni_rl.preprocess.motion import QUESTIONS, chance_of, color_rows, write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
@@ -433,7 +433,7 @@ def main(cfg: QuickstartConfig) -> dict:
     chosen = partial(curated, cfg, train, d.curate_model) if d.curate == "text-only" else None
     grpo_rows = without_decoys(train) if d.curate == "labels" else train
     after_sft, after_rl, without = run_phases(cfg, grpo_rows, sft_rows, heldout, chosen)
-    controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames}
+    controls = {"blank_frames": d.blank_frames, "shuffle_frames": d.shuffle_frames, "kinds": list(kinds)}
     if d.sft_color_questions:
         controls |= {"sft_color_questions": True}
     if d.decoy_every or d.sft_text_only:
@@ -447,8 +447,6 @@ def main(cfg: QuickstartConfig) -> dict:
         kept = len((train.parent.parent / "kept.jsonl").read_text().splitlines())
         rows = len(train.read_text().splitlines())
         controls |= {"curation": {"model": "the decoy labels", "rows": rows, "dropped": rows - kept}}
-    if kinds != KINDS:
-        controls |= {"kinds": list(kinds)}
     return write_summary(
         out,
         heldout,

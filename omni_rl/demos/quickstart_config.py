@@ -18,6 +18,10 @@ from omni_rl.rewards.config import RewardsConfig
 from omni_rl.rollout.config import RolloutConfig
 from omni_rl.runtime import RunConfig
 
+DEFAULT_KINDS = (*KINDS, "quarter", "counting", "grounding")
+"""The quickstart's kinds: the four two-option ones, a four-option one and the two
+routed to rewards of their own (a number, a span scored by IoU)."""
+
 # what the quickstart fills in its sft and grpo sections (from its run, media, model
 # and data sections, and the files it generates); setting them there is an error
 FILLED = (
@@ -38,32 +42,35 @@ class QuickstartData:
     """The synthetic video-QA set of the quickstart: one clip per question, kinds whose
     answers are in the frames (``omni_rl.preprocess.motion``)."""
 
-    kinds: list[str] = field(default_factory=lambda: list(KINDS))
-    """The kinds of question, cycled: the four two-option kinds (default); the
-    two-option ``wrap_direction``, ``adjacent_order`` and ``equal_count``, which one
-    frame does not answer; ``quarter``, in which quarter of the clip the square shows
-    (four options); and any of ``heading`` (four options), ``counting`` (a
-    number, 0 to 4, the ``counting`` reward) and ``grounding`` (a [start, end] span,
-    the ``temporal_grounding`` reward, which needs ``grpo.rollout.max_new_tokens: 32``
-    to end its answer). The summary gives each kind's chance: a uniform guess, or for
-    grounding the best constant span's IoU."""
-    train_clips: int = 800
+    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_KINDS))
+    """The kinds of question, cycled (default ``DEFAULT_KINDS``): the four two-option
+    kinds; ``quarter``, in which quarter of the clip the square shows (four options);
+    ``counting`` (a number, 0 to 4, the ``counting`` reward) and ``grounding`` (a
+    [start, end] span, the ``temporal_grounding`` reward, which needs
+    ``grpo.rollout.max_new_tokens: 32`` to end its answer). Also: the two-option
+    ``wrap_direction``, ``adjacent_order`` and ``equal_count``, which one frame does not
+    answer, and ``heading`` (four options). The summary gives each kind's chance: a
+    uniform guess, or for grounding the best constant span's IoU."""
+    train_clips: int = 1400
     """Training clips (one question each)."""
-    heldout_clips: int = 200
-    """Held-out clips, never trained on (50 per kind of the four)."""
-    sft_fraction: float = 0.25
-    """Part of the training set used for the SFT cold start."""
+    heldout_clips: int = 350
+    """Held-out clips, never trained on (50 per kind of the seven)."""
+    sft_fraction: float = 1.0
+    """Part of the training set used for the SFT cold start (in whole cycles of the
+    kinds). On a quarter of the clips, 400 steps pass seven times over each row and the
+    cold start ties the shuffled answers to the clips: the SFT model starts off chance
+    (docs/results/quickstarts.md)."""
     sft_shuffled_answers: bool = True
     """The cold start learns the answers shuffled among the rows of each kind: it
     teaches the answer format and leaves the questions at chance, for GRPO to learn from
     the frames (off: the true answers, which SFT itself learns)."""
-    sft_color_questions: bool = False
+    sft_color_questions: bool = True
     """The cold start also asks, of each of its clips that shows one square, the
     square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``),
     which no kind's answer depends on. The held-out questions are the kinds' alone.
-    Exploratory: GRPO left chance sooner with them at the seeds tried, though the
-    cold start does not learn the colours in its 100 steps, and shuffled colour answers
-    did as well (docs/results/quickstarts.md)."""
+    It makes the cold start look at the clips: without it the SFT model's answer barely
+    moves with the clip, and GRPO on the seven kinds learned nothing in 1,000 steps at
+    seed 0 (docs/results/quickstarts.md)."""
     blank_frames: bool = False
     """Control run: the same questions over empty frames (accuracy should stay at chance)."""
     shuffle_frames: bool = False
@@ -133,29 +140,31 @@ class QuickstartModel:
 
 
 def quickstart_sft() -> SFTConfig:
-    """The SFT cold start: 100 steps of 8 prompts at lr 5e-4, which teach the answer
-    format (at 2e-3 the tiny model stops seeing: 800 steps on the true answers stay at
-    chance, where 800 steps at 5e-4 reach 0.78 to 1.00 on every kind)."""
+    """The SFT cold start: 400 steps of 8 prompts at lr 5e-4, which teach the answer
+    format of each kind and the colour questions (at 2e-3 the tiny model stops seeing:
+    800 steps on the true answers stay at chance, where 800 steps at 5e-4 reach 0.78 to
+    1.00 on every kind of the four)."""
     return SFTConfig(
         data=DataConfig(prompts_per_step=8),
-        trainer=TrainerConfig(steps=100),
+        trainer=TrainerConfig(steps=400),
         optimizer=AdamWConfig(lr=5e-4),
     )
 
 
 def quickstart_grpo() -> GRPOConfig:
-    """The GRPO phase: 1000 steps of 8 prompts x 8 completions at lr 2e-4 with a KL
+    """The GRPO phase: 800 steps of 8 prompts x 8 completions at lr 2e-4 with a KL
     penalty of 0.05 to the SFT model (without it, three runs collapsed to malformed
-    answers between steps 210 and 550, at lr 1e-4 to 5e-4); 24 new tokens (an answer
-    is about 18, one token per byte); answers without a <think> part, accuracy rewarded
+    answers between steps 210 and 550, at lr 1e-4 to 5e-4); 32 new tokens (a letter's
+    answer is about 18, one token per byte, a span's about 28); answers without a
+    <think> part, accuracy rewarded
     only in responses that end with the answer; the held-out set scored every 100 steps
     (the curves of ``plots/grpo/eval_heldout_*``)."""
     return GRPOConfig(
         data=DataConfig(prompts_per_step=8),
-        rollout=RolloutConfig(n=8, max_new_tokens=24, temperature=1.0),
+        rollout=RolloutConfig(n=8, max_new_tokens=32, temperature=1.0),
         algorithm=AlgorithmConfig(advantage="grpo", dynamic_sampling=False, kl_coef=0.05),
         rewards=RewardsConfig(template="answer_only", require_template=True),
-        trainer=TrainerConfig(steps=1000, eval_every=100),
+        trainer=TrainerConfig(steps=800, eval_every=100),
         optimizer=AdamWConfig(lr=2e-4),
     )
 
