@@ -226,6 +226,24 @@ def test_quickstart_composes_the_recipes_configs():
         load_config(None, ["sft.data.train=x.jsonl"], recipe="quickstart")
 
 
+def test_the_four_kind_quickstart_config_is_the_former_default():
+    """configs/quickstart_four_kinds.yaml, which the earlier quickstart results ran:
+    the four two-option kinds, 100 cold-start steps on a quarter of the clips without
+    colour questions, 1,000 GRPO steps of up to 24 tokens."""
+    cfg = load_config("configs/quickstart_four_kinds.yaml")
+    d = cfg.data
+    assert d.kinds == ["direction", "order", "count", "when"] and (d.train_clips, d.heldout_clips) == (800, 200)
+    assert (d.sft_fraction, d.sft_shuffled_answers, d.sft_color_questions) == (0.25, True, False)
+    assert cfg.sft.trainer.steps == 100 and cfg.grpo.trainer.steps == 1000 and cfg.grpo.rollout.max_new_tokens == 24
+    default = load_config(None, recipe="quickstart")
+    assert (cfg.run, cfg.media, cfg.model) == (default.run, default.media, default.model)
+    assert (cfg.sft.optimizer, cfg.grpo.optimizer, cfg.grpo.algorithm) == (
+        default.sft.optimizer,
+        default.grpo.optimizer,
+        default.grpo.algorithm,
+    )
+
+
 def test_quickstart_override_lands_in_the_grpo_runs_config(tmp_path, monkeypatch):
     from omni_rl.demos import quickstart
 
