@@ -3,8 +3,9 @@ run, on the same cores.
 
     python tools/bench_async.py [--steps 12 --threads 2 --width 128]
 
-The same GRPO config (the video quickstart's GRPO phase: a tiny Qwen2.5-VL, 16-frame
-clips, 8 prompts of 8 completions of up to 24 tokens, a KL reference) runs twice:
+The same GRPO config (the video quickstart's GRPO phase until 2026-12-06: a tiny
+Qwen2.5-VL, 16-frame clips, 8 prompts of 8 completions of up to 24 tokens, a KL
+reference) runs twice:
 synchronously in one process with ``--threads`` torch threads, and with
 ``rollout.staleness: 1`` under torchrun as one trainer and one rollout process with
 half the threads each (the thread split is printed). Each run's seconds per step are
