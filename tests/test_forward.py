@@ -176,6 +176,56 @@ def test_apart_the_completions_weight_gradients_are_complete_before_the_prompts_
     assert not out.prompt.pairs  # the prompt's backward ran once and let its tensors go
 
 
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_rollouts_kept_prefill_gives_the_update_its_own_numbers(
+    family, apart, tiny_checkpoint, family_prompts, monkeypatch
+):
+    """``rollout.reuse_prefill``: the update's forward reading the prefill the rollout
+    made (eval mode, under autograd) instead of running its own gives the log-probs and
+    every gradient of the forward that runs its own in training mode, bit for bit, with
+    or without ``apart``; and keeping it changes nothing the rollout samples."""
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    real_prefill, prefills = forward.prefill, []
+    monkeypatch.setattr(forward, "prefill", lambda *args: prefills.append(1) or real_prefill(*args))
+    model, processor = load(tiny_checkpoint(family))
+    inputs = family_prompts(family, processor)
+    ids, mask = completions(4, 5, seed=1)
+    engine, sampling = HFRolloutEngine(model, processor), SamplingParams(max_new_tokens=4)
+
+    def update(prefix):
+        model.train()
+        model.zero_grad(set_to_none=True)
+        out = group_forward(model, inputs, ids, mask, 2, entropy="grad", apart=apart, prefix=prefix)
+        ((out.logp + 0.1 * out.entropy) * mask).sum().backward()
+        if out.prompt is not None:
+            out.prompt.run()
+        return out.logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain = engine.generate(inputs, 2, sampling, seeds=[3, 4])
+    kept = engine.generate(inputs, 2, sampling, seeds=[3, 4], keep_prefill=True)
+    assert plain.prefill is None and kept.prefill is not None
+    assert torch.equal(plain.completion_ids, kept.completion_ids) and torch.equal(plain.logprobs, kept.logprobs)
+    own_logp, own_grads = update(None)
+    assert len(prefills) == 1
+    read_logp, read_grads = update(kept.prefill)
+    assert len(prefills) == 1  # read, not run again
+    assert torch.equal(read_logp, own_logp)
+    assert read_grads.keys() == own_grads.keys() and any("visual" in n or "audio" in n for n in own_grads)
+    assert all(torch.equal(read_grads[name], own_grads[name]) for name in own_grads)
+
+
+def test_training_dropout_finds_a_config_rate_or_a_module(tiny_checkpoint):
+    model, _ = load(tiny_checkpoint("qwen2_5_vl"))
+    assert forward.training_dropout(model) is None
+    model.config.text_config.attention_dropout = 0.1
+    assert forward.training_dropout(model).endswith("text_config.attention_dropout=0.1")
+    model.config.text_config.attention_dropout = 0.0
+    model.model.visual.blocks[0].mlp.add_module("drop", torch.nn.Dropout(0.2))
+    assert forward.training_dropout(model) == "model.visual.blocks.0.mlp.drop (p=0.2)"
+
+
 @pytest.mark.parametrize(
     "fault",
     [

@@ -4,6 +4,7 @@ after SIGKILL, and the bad-input paths (NaN losses, over-long prompts)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -190,6 +192,50 @@ def test_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path, shapes):
     assert 2 <= done < steps
     subprocess.run([OMNI_RL, "train", str(resumed), "--resume", "auto"], check=True, capture_output=True, timeout=600)
     assert metrics_without_timing(metrics) == metrics_without_timing(tmp_path / "a" / "run" / "metrics.jsonl")
+
+
+def test_the_update_reads_the_rollouts_prefill_and_trains_as_without_it(tmp_path, shapes, caplog):
+    """``rollout.reuse_prefill``: every step's update reads the prompts' prefill the
+    rollout made, and the run logs every value it logs without (3 steps: the later
+    rollouts sample with the weights the reused updates made); where the update is not
+    one forward of the batch (two epochs), the log says why and no step reads it."""
+    one_forward = {"algorithm": {"epochs": 1, "mini_batch_prompts": 0}, "trainer": {"steps": 3, "save_every": 0}}
+    runs = {}
+    for reuse in (True, False):
+        path = tiny_config(tmp_path / str(reuse), shapes, rollout={"reuse_prefill": reuse}, **one_forward)
+        grpo.train(load_config(path))
+        runs[reuse] = metrics_without_timing(tmp_path / str(reuse) / "run" / "metrics.jsonl")
+    assert [r.pop("update/prefill_reused") for r in runs[True]] == [1.0, 1.0, 1.0]
+    assert [r.pop("update/prefill_reused") for r in runs[False]] == [0.0, 0.0, 0.0]
+    assert runs[True] == runs[False]
+
+    caplog.set_level(logging.INFO, logger="omni_rl")
+    grpo.train(load_config(tiny_config(tmp_path / "epochs", shapes, trainer={"steps": 1, "save_every": 0})))
+    assert "rollout.reuse_prefill: the update runs the prompts again: algorithm.epochs > 1" in caplog.text
+    assert metrics_without_timing(tmp_path / "epochs" / "run" / "metrics.jsonl")[0]["update/prefill_reused"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("sections", "strategy", "reason"),
+    [
+        ({}, "single", None),
+        ({"trainer": {"micro_batch_size": 1}}, "single", "the update splits the batch"),
+        ({"trainer": {"max_tokens_per_microbatch": 4096}}, "single", "the update splits the batch"),
+        ({"algorithm": {"mini_batch_prompts": 1}}, "single", "the update splits the batch"),
+        ({"algorithm": {"dynamic_sampling": True}}, "single", "algorithm.dynamic_sampling"),
+        ({"algorithm": {"rollout_correction": "mask"}}, "single", "rollout_correction mask"),
+        ({"model": {"gradient_checkpointing": True}}, "single", "model.gradient_checkpointing"),
+        ({}, "ddp", "trainer.strategy ddp"),
+        ({}, "dropout", "drops activations in training (1 (p=0.1))"),
+    ],
+)
+def test_what_keeps_the_update_from_reading_the_rollouts_prefill(tmp_path, sections, strategy, reason):
+    one_forward = {"epochs": 1, "mini_batch_prompts": 0, **sections.pop("algorithm", {})}
+    cfg = load_config(tiny_config(tmp_path, tmp_path / "train.jsonl", algorithm=one_forward, **sections))
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1 if strategy == "dropout" else 0.0))
+    engine = SimpleNamespace(strategy="ddp" if strategy == "ddp" else "single", module=module)
+    blocker = grpo._prefill_blocker(cfg, engine)
+    assert blocker == reason if reason is None else reason in blocker
 
 
 def test_dynamic_sampling_refills_the_batch_with_informative_groups(tmp_path, shapes, monkeypatch):
@@ -496,7 +542,7 @@ class _LogProbs(torch.nn.Module):
 def _fake_forwards(monkeypatch, ref: torch.Tensor, entropy: torch.Tensor):
     from omni_rl.models.forward import GroupOutput
 
-    def logprobs(model, batch, chunk, ids, mask, pad_id, cfg, entropy_mode="off", kept=None, apart=False):
+    def logprobs(model, batch, chunk, ids, mask, pad_id, cfg, entropy_mode="off", kept=None, apart=False, prefix=None):
         rows = grpo._rows(chunk, cfg.rollout.n)
         width = grpo._width(mask, rows)
         measured = None if entropy_mode == "off" else entropy[rows, :width]
@@ -545,6 +591,7 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
         completion_ids=torch.zeros(4, 4, dtype=torch.long),
         logprobs=torch.zeros(4, 4),
         replaced=torch.zeros(4, dtype=bool),
+        prefill=None,
     )
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, 0, cfg, logged=True)
     # one epoch: s = 1 for every sequence, nothing clipped; policy -(1 - 0.5 + 2 + 0.5) / 4

@@ -386,6 +386,38 @@ def prefill(model: torch.nn.Module, inputs: dict) -> Prefix:
     return Prefix(store, inputs["attention_mask"].long().sum(-1), deltas if deltas is not None else _rope_deltas(model))
 
 
+def training_dropout(model: torch.nn.Module) -> str | None:
+    """Where a training-mode forward of ``model`` would drop activations at random (a
+    dropout module or a config's dropout or layer-drop rate above 0), or None: without
+    any, its forward in training mode computes what it computes in eval mode."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            return f"{name} (p={module.p})"
+        config = getattr(module, "config", None)
+        if hasattr(config, "to_dict"):
+            rate = _dropout_rate(config.to_dict())
+            if rate is not None:
+                return f"{type(config).__name__}.{rate}"
+    return None
+
+
+def _dropout_rate(settings: dict) -> str | None:
+    """The first 'key=value' of a config dict (nested configs included) that drops at a
+    rate above 0."""
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            found = _dropout_rate(value)
+            if found is not None:
+                return f"{key}.{found}"
+        elif any(word in str(key) for word in ("dropout", "layerdrop")) and _positive(value):
+            return f"{key}={value}"
+    return None
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def tail_positions(prefix: Prefix, tail_mask: torch.Tensor, n: int) -> torch.Tensor:
     """Positions of the completions' tokens (the prompt's last token first): the
     prompt's real-token count onwards, counting only real completion tokens, plus the
@@ -408,6 +440,7 @@ def group_forward(
     entropy: Entropy = "off",
     kept: SamplingFilter | None = None,
     apart: bool = False,
+    prefix: Prefix | None = None,
 ) -> GroupOutput:
     """Per-token log-probs of G completions for each of B prompts.
 
@@ -422,11 +455,15 @@ def group_forward(
             through leaves, and the result's ``prompt`` runs the prompt's backward after
             theirs (``shared_prefix.read_apart``: each layer's gradient is complete, and
             reduced, as the completions' backward passes it, not held to the end).
+        prefix: these prompts' ``prefill`` made by ``model`` with its current weights,
+            with its graph (a rollout's, ``HFRolloutEngine.keep_prefill``), read instead
+            of running the prompts again; its graph is consumed by this forward's backward.
     Returns:
         log-probs [B*G, L] (and entropies, kept masses) of the completion tokens.
     """
     n = group_size
-    prefix = prefill(model, inputs)
+    if prefix is None:
+        prefix = prefill(model, inputs)
     store, prompt = prefix.store, None
     if apart and torch.is_grad_enabled():
         store, prompt = read_apart(store)

@@ -35,7 +35,7 @@ from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine, resolve_precision
 from omni_rl.evaluation.during_training import HeldOut
-from omni_rl.models.forward import Entropy, SamplingFilter, group_forward
+from omni_rl.models.forward import Entropy, Prefix, SamplingFilter, group_forward, training_dropout
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.recipes.common import (
     Balance,
@@ -263,21 +263,32 @@ def _width(mask: torch.Tensor, rows: list[int]) -> int:
 
 
 def _logprobs(
-    model, batch: Batch, chunk: list[int], ids, mask, pad_id: int, cfg, entropy: Entropy = "off", kept=None, apart=False
+    model,
+    batch: Batch,
+    chunk: list[int],
+    ids,
+    mask,
+    pad_id: int,
+    cfg,
+    entropy: Entropy = "off",
+    kept=None,
+    apart=False,
+    prefix: Prefix | None = None,
 ):
     """Log-probs [rows, width] of the completions of the prompts in ``chunk`` through
     ``model`` (the engine's training model, or the reference), trimmed to the longest
     completion among them: each prompt and its media computed once per group, its keys
     held once, with or without gradient checkpointing. ``kept``: a ``SamplingFilter``
     whose kept mass is returned too; ``apart``: the prompt's backward returned to run
-    after the completions' (``group_forward``)."""
+    after the completions' (``group_forward``); ``prefix``: the chunk's prompts already
+    prefilled by ``model`` (the rollout's, ``rollout.reuse_prefill``)."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
     width = _width(mask, rows)
     inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
     device = ids.device
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return group_forward(
-        model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy, kept, apart
+        model, inputs, ids[rows, :width], mask[rows, :width], n, cfg.rollout.temperature, entropy, kept, apart, prefix
     )
 
 
@@ -377,6 +388,12 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     log, bar = resume_steps(cfg, run, engine, sampler, "grpo")
     _log.info("rollout correction: %s (cap %g)", _correction(cfg), algo.rollout_correction_cap)
+    if cfg.rollout.reuse_prefill:
+        blocker = _prefill_blocker(cfg, engine)
+        if blocker is None:
+            rollout.keep_prefill = True  # the hf engine's: the update reads its prefill
+        else:
+            _log.info("rollout.reuse_prefill: the update runs the prompts again: %s", blocker)
     # a rollout process generates each next batch while this one trains (rollout.staleness: 1)
     worker, pending = distributed.rollout_rank(), None
     push = _sampling_dtype(engine.precision)
@@ -642,6 +659,34 @@ def _ratio_log(out, behaviour: torch.Tensor, mask: torch.Tensor, rows: list[int]
     return log_ratio(trainer, behaviour[rows, :width], mask[rows, :width])
 
 
+def _prefill_blocker(cfg: GRPOConfig, engine: TrainingEngine) -> str | None:
+    """Why the update's forward cannot read the rollout's prefill (``rollout.reuse_prefill``),
+    or None where it can: the two must be one forward of one batch with the same
+    weights, mode and wrapper."""
+    algo, trainer = cfg.algorithm, cfg.trainer
+    micro = trainer.micro_batch_size
+    reasons = {
+        "rollout.engine is vllm: its prefill is not the policy's": cfg.rollout.engine != "hf",
+        "rollout.staleness 1: the rollout process prefills with the step before's weights": cfg.rollout.staleness,
+        f"trainer.strategy {engine.strategy}: the update's forward runs through its wrapper": engine.strategy
+        != "single",
+        "model.gradient_checkpointing: the prefill's activations would be held, not recomputed": (
+            cfg.model.gradient_checkpointing
+        ),
+        "algorithm.epochs > 1: the later epochs run with new weights": algo.epochs > 1,
+        "the update splits the batch (algorithm.mini_batch_prompts, trainer.micro_batch_size or "
+        "max_tokens_per_microbatch)": (0 < algo.mini_batch_prompts < cfg.data.prompts_per_step)
+        or (0 < micro < cfg.data.prompts_per_step)
+        or trainer.max_tokens_per_microbatch > 0,
+        "algorithm.dynamic_sampling: a step's batch is drawn over several rounds": algo.dynamic_sampling,
+        "algorithm.rollout_correction mask: old log-probs come from a forward of their own": _correction(cfg) == "mask",
+    }
+    reason = next((reason for reason, applies in reasons.items() if applies), None)
+    if reason is None and (dropout := training_dropout(engine.module)) is not None:
+        reason = f"the model drops activations in training ({dropout}): the rollout's prefill (eval mode) differs"
+    return reason
+
+
 def _update(
     engine: TrainingEngine,
     reference,
@@ -671,6 +716,11 @@ def _update(
     lengths = [(batch.encoded[p]["input_ids"].shape[-1], n * _width(mask, _rows([p], n))) for p in prompts]
     plan = _plan(prompts, lengths, cfg)
     needs_old = algo.epochs > 1 or len(plan) > 1 or correction == "mask"
+    # the rollout's prefill of these prompts, read by the one forward of the whole batch
+    prefill, rollouts.prefill = rollouts.prefill, None
+    if prefill is not None and (needs_old or plan != [[prompts]]):
+        prefill = None
+    reused = prefill is not None
     filt = None if kept.trivial else kept
     old, ref, ratios = {}, {}, {}
     with torch.no_grad():
@@ -719,7 +769,9 @@ def _update(
                     entropy,
                     None if needs_old else filt,
                     apart=engine.prompt_apart,
+                    prefix=prefill,
                 )
+                prefill = None  # read once: its graph goes with this forward's backward
                 width = out.logp.shape[1]
                 old_logp = old[m, i] if needs_old else out.logp.detach()
                 ratio = ratios[m, i] if needs_old else _ratio_log(out, behaviour, sampled, rows)
@@ -746,6 +798,7 @@ def _update(
     stats["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
     stats["update/micro_batches"] = sum(len(chunks) for chunks in plan)
     stats["update/prompt_backward_apart"] = float(engine.prompt_apart)  # 0 under ddp: one backward call
+    stats["update/prefill_reused"] = float(reused)
     if engine.tied_grad_in_place is not None:
         stats["update/tied_grad_in_place"] = float(engine.tied_grad_in_place)
     stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))

@@ -79,6 +79,15 @@ class RolloutConfig:
     and held to its last token (a 7B model's bf16 weights, about 15 GB a rank, for the
     rollout's length); false gathers them again for every decoded token, as training's
     forwards do, and logs it (``rollout/gathered_bytes_per_token``)."""
+    reuse_prefill: bool = True
+    """hf engine: the update's forward reads the rollout's prefill of the prompts (made
+    under autograd and held through the decoding) instead of running the prompts and
+    their media again; the same numbers, one prompt forward a step fewer. Taken where
+    the update's forward is the rollout's: one process (trainer.strategy single), no
+    gradient checkpointing, no dropout, one update of the whole batch in one forward
+    (epochs 1, no mini- or micro-batches), no dynamic sampling, no mask correction;
+    otherwise the log says once why not. ``update/prefill_reused`` is 1 on steps that
+    read it."""
 
     def __post_init__(self):
         require(self.n >= 2, "n", "GRPO needs at least 2 completions per prompt")

@@ -40,7 +40,7 @@ from transformers import (
 
 from omni_rl.engine import distributed, gathering
 from omni_rl.models import placeholder_token_ids
-from omni_rl.models.forward import prefill, tail_positions
+from omni_rl.models.forward import Prefix, prefill, tail_positions
 from omni_rl.models.inputs import collate_prompts
 from omni_rl.models.shared_prefix import ReadPrefix, decoder_config
 
@@ -71,6 +71,9 @@ class Rollouts:
         offline: bool [N], completions a row's ``offline_response`` replaced (their
             ``logprobs`` are not a sampler's: the trainer takes its own at rollout
             time); None: every completion was sampled.
+        prefill: the prompts' prefill with its autograd graph, for the update's
+            forward to read instead of running the prompts again (``HFRolloutEngine``'s
+            ``keep_prefill``); None otherwise, and once a selection drops a prompt.
     """
 
     completion_ids: torch.Tensor
@@ -81,6 +84,7 @@ class Rollouts:
     texts: list[str]
     group_size: int
     offline: torch.Tensor | None = None
+    prefill: Prefix | None = None
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -147,10 +151,19 @@ class HFRolloutEngine:
     Args:
         model: a loaded family model (shares its weights with the trainer).
         processor: its processor (for the pad, stop and placeholder tokens).
+
+    Attributes:
+        keep_prefill: ``rollout`` prefills its prompts under autograd and returns the
+            prefill, graph and all, in ``Rollouts.prefill``: a trainer whose next forward
+            over these prompts has the same weights, mode and batch reads it instead of
+            running the prompts and their media again (set by GRPO, which checks that).
+            The values are those of the plain prefill; its activations are held through
+            the decoding.
     """
 
     def __init__(self, model: torch.nn.Module, processor, gather_once: bool = True):
         self.model = model
+        self.keep_prefill = False
         self.processor = processor
         self.pad_id = processor.tokenizer.pad_token_id
         self.stop_ids = stop_token_ids(processor, model)
@@ -185,7 +198,7 @@ class HFRolloutEngine:
     def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams, seeds: list[int]) -> Rollouts:
         """G = ``n`` completions for each prompt; ``encoded`` holds the samples' processor
         inputs (``samples`` itself is not needed here); ``seeds``: one per prompt."""
-        return self.generate(collate_prompts(encoded, self.pad_id), n, sampling, seeds)
+        return self.generate(collate_prompts(encoded, self.pad_id), n, sampling, seeds, self.keep_prefill)
 
     def _warpers(self, sampling: SamplingParams) -> list[LogitsProcessor]:
         """The sampling distribution's shaping: placeholders banned, then temperature,
@@ -201,12 +214,15 @@ class HFRolloutEngine:
         return warpers
 
     @torch.no_grad()
-    def generate(self, inputs: dict, n: int, sampling: SamplingParams, seeds: list[int] | None = None) -> Rollouts:
+    def generate(
+        self, inputs: dict, n: int, sampling: SamplingParams, seeds: list[int] | None = None, keep_prefill=False
+    ) -> Rollouts:
         """G = ``n`` completions for each of the B left-padded prompts in ``inputs``.
 
         Args:
             inputs: a processor batch (``input_ids`` [B, P] plus its media tensors).
             seeds: one sampling seed per prompt (default: drawn from torch's generator).
+            keep_prefill: prefill under autograd and return it (``Rollouts.prefill``).
         """
         model = self.model
         inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -224,7 +240,8 @@ class HFRolloutEngine:
                 # PREFILL: every token but the last, media encoders included, once per prompt;
                 # each layer keeps the prompt's keys and values once for its G samples (and,
                 # sharded, its gathered weights to the last token: ``gather_once``)
-                prefix = prefill(model, inputs)
+                with torch.enable_grad() if keep_prefill else nullcontext():
+                    prefix = prefill(model, inputs)
                 prefilled = gathered.bytes
                 reader = ReadPrefix(prefix.store)
                 tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
@@ -270,9 +287,9 @@ class HFRolloutEngine:
         self._gathers["decode_bytes"] += gathered.bytes - prefilled
         self._gathers["decode_steps"] += len(sampled)
         completions = torch.stack(sampled, 1) if sampled else torch.zeros(batch * n, 0, dtype=torch.long)
-        return self._package(completions, logprobs, n)
+        return self._package(completions, logprobs, n, prefix if keep_prefill else None)
 
-    def _package(self, completions: torch.Tensor, steps: list[torch.Tensor], n: int) -> Rollouts:
+    def _package(self, completions: torch.Tensor, steps: list[torch.Tensor], n: int, kept: Prefix | None) -> Rollouts:
         count, width = completions.shape
         stops = torch.isin(completions, torch.tensor(self.stop_ids, device=completions.device))
         no_stop = torch.full((count,), width - 1, device=stops.device)
@@ -285,13 +302,15 @@ class HFRolloutEngine:
         ids = completions.masked_fill(mask == 0, self.pad_id)
         reasons = ["stop" if s else "length" for s in stops.any(1).tolist()]
         texts = self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n)
+        return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n, prefill=kept)
 
 
 def select_groups(rollouts: Rollouts, prompts: list[int]) -> Rollouts:
-    """The completions of the given prompts (by index within the batch), still grouped."""
+    """The completions of the given prompts (by index within the batch), still grouped;
+    the prefill goes with them only if they are every prompt, in order."""
     n = rollouts.group_size
     rows = [p * n + g for p in prompts for g in range(n)]
+    every = prompts == list(range(len(rollouts.texts) // n))
     index = torch.tensor(rows, dtype=torch.long, device=rollouts.completion_ids.device)
     return Rollouts(
         rollouts.completion_ids[index],
@@ -302,6 +321,7 @@ def select_groups(rollouts: Rollouts, prompts: list[int]) -> Rollouts:
         [rollouts.texts[r] for r in rows],
         n,
         None if rollouts.offline is None else rollouts.offline[index],
+        rollouts.prefill if every else None,
     )
 
 
@@ -311,7 +331,8 @@ def _widen(t: torch.Tensor, width: int, value) -> torch.Tensor:
 
 
 def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
-    """Rollouts of several sampling rounds as one batch (right-padded to the widest)."""
+    """Rollouts of several sampling rounds as one batch (right-padded to the widest);
+    one round's keeps its prefill."""
     width = max(p.completion_ids.shape[1] for p in parts)
     return Rollouts(
         torch.cat([_widen(p.completion_ids, width, pad_id) for p in parts]),
@@ -322,6 +343,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         [t for p in parts for t in p.texts],
         parts[0].group_size,
         torch.cat([p.replaced for p in parts]) if any(p.offline is not None for p in parts) else None,
+        parts[0].prefill if len(parts) == 1 else None,
     )
 
 
@@ -349,4 +371,6 @@ def replace_completions(
         reasons[row] = "stop" if len(tokens) == len(ids[row]) else "length"
         texts[row] = decode(tokens)
         offline[row] = True
-    return Rollouts(completion_ids, mask, logprobs, lengths, reasons, texts, rollouts.group_size, offline)
+    return Rollouts(
+        completion_ids, mask, logprobs, lengths, reasons, texts, rollouts.group_size, offline, rollouts.prefill
+    )
