@@ -189,6 +189,31 @@ def _flow_config(out: Path, steps: int, backends: list[str]):
     )
 
 
+def test_tensorboard_holds_every_scalar_of_every_row_and_a_resume_hides_the_redone_steps(tmp_path):
+    """Each row's scalars go to TensorBoard as one event; a run resumed from step 2
+    hides the first session's steps after it (``purge_step``) and logs them again."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = [
+        {"step": s, "loss/policy": 0.1 * s - 0.25, "reward/mean": s / 3, "optim/lr": 1e-5, "text": "x"}
+        for s in range(5)
+    ]
+    first = MetricsLog(tmp_path, None)
+    for row in rows[:4]:
+        first.log({**row, "reward/mean": -1.0} if row["step"] > 2 else row)  # steps 3 on are redone
+    first.close()
+    resumed = MetricsLog(tmp_path, 2)
+    for row in rows[3:]:
+        resumed.log(row)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["loss/policy", "optim/lr", "reward/mean"]
+    for tag in events.Tags()["scalars"]:
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert logged == [(r["step"], pytest.approx(r[tag], rel=1e-6)) for r in rows], tag
+
+
 def test_a_run_logs_to_every_backend_and_a_resumed_run_appends_to_its_wandb_run(tmp_path, offline_wandb):
     server, outbound = offline_wandb
     out = tmp_path / "run"

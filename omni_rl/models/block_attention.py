@@ -176,21 +176,25 @@ class GroupAttention(torch.autograd.Function):
         lse = unfold_heads(lse_own, heads, length)
         prompt_q = fold_heads(query, kv_heads, n)
         calls = same_start(starts, prompt_key.shape[2])
-        parts = []
+        outs, lses = [], []
         for i, (start, prompts) in enumerate(calls):
             o, lse_b, extra = _kernel(
                 prompt_q[prompts], prompt_key[prompts, :, start:], prompt_value[prompts, :, start:], None, scale
             )
             calls[i] = (start, prompts, extra)
-            parts.append((prompts, unfold_heads(o, heads, length, n).float(), unfold_heads(lse_b, heads, length, n)))
-        if len(parts) == 1 and parts[0][0] == slice(0, len(starts)):  # one call for every prompt
-            _, prompt_out, prompt_lse = parts[0]
-        else:
+            outs.append(o)
+            lses.append(lse_b)
+        if sum(prompts.stop - prompts.start for _, prompts, _ in calls) == len(starts):
+            # the runs cover every prompt in order: their outputs laid end to end, unfolded once
+            prompt_out = unfold_heads(torch.cat(outs) if len(outs) > 1 else outs[0], heads, length, n).float()
+            prompt_lse = unfold_heads(torch.cat(lses) if len(lses) > 1 else lses[0], heads, length, n)
+        else:  # an empty prompt has no call: its rows attend to their own keys only
             prompt_lse = torch.full_like(lse, float("-inf"))
             prompt_out = torch.zeros_like(out)
-            for prompts, o, lse_b in parts:
+            for (_, prompts, _), o, lse_b in zip(calls, outs, lses, strict=True):
                 rows = slice(prompts.start * n, prompts.stop * n)  # their G completions each
-                prompt_out[rows], prompt_lse[rows] = o, lse_b
+                prompt_out[rows] = unfold_heads(o, heads, length, n).float()
+                prompt_lse[rows] = unfold_heads(lse_b, heads, length, n)
         merged = torch.logaddexp(lse, prompt_lse)
         out = (out * (lse - merged).exp()[..., None] + prompt_out * (prompt_lse - merged).exp()[..., None]).to(
             query.dtype

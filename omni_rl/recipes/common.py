@@ -536,6 +536,14 @@ class Timer:
         return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": self.total}
 
 
+def scalar_summary(scalars: dict[str, float]):
+    """One TensorBoard summary holding every scalar of a row (tag -> value)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard.summary import scalar
+
+    return Summary(value=[value for tag, x in scalars.items() for value in scalar(tag, x).value])
+
+
 class MetricsLog:
     """Per-step metrics, written by rank 0 only, every ``every`` steps and whenever
     ``force`` is set (the last step), to each backend ``cfg.logging`` enables:
@@ -595,9 +603,8 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
-        if self.writer is not None:
-            for key, value in scalars.items():
-                self.writer.add_scalar(key, value, row["step"])
+        if self.writer is not None:  # one event holding the row's scalars, not an event each
+            self.writer.file_writer.add_summary(scalar_summary(scalars), row["step"])
         if self.wandb is not None:
             self.wandb.log({"step": row["step"], **scalars})
 

@@ -36,7 +36,7 @@ from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine, resolve_precision
 from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import Entropy, Prefix, SamplingFilter, group_forward, training_dropout
-from omni_rl.models.inputs import collate_prompts
+from omni_rl.models.inputs import TOKEN_KEYS, collate_prompts
 from omni_rl.recipes.common import (
     Balance,
     Timer,
@@ -284,7 +284,10 @@ def _logprobs(
     prefilled by ``model`` (the rollout's, ``rollout.reuse_prefill``)."""
     n, rows = cfg.rollout.n, _rows(chunk, cfg.rollout.n)
     width = _width(mask, rows)
-    inputs = collate_prompts([batch.encoded[p] for p in chunk], pad_id)
+    encoded = [batch.encoded[p] for p in chunk]
+    if prefix is not None:  # the media are in the prefill: only the tokens are read
+        encoded = [{k: v for k, v in e.items() if k in TOKEN_KEYS} for e in encoded]
+    inputs = collate_prompts(encoded, pad_id)
     device = ids.device
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return group_forward(
