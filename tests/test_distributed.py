@@ -766,6 +766,7 @@ def test_a_rollout_gathers_the_sharded_weights_once_not_per_token(tmp_path, vowe
     assert layers > 0
     for a, b in zip(metrics(once), metrics(per_token), strict=True):
         assert a["rollout/gathered_bytes_per_token"] == 0 and a["rollout/gathered_bytes"] > 0
+        assert a["rollout/inference_mode"] == b["rollout/inference_mode"] == 0  # no_grad on FSDP2 units
         assert b["rollout/gathered_bytes_per_token"] == layers
         assert b["rollout/gathered_bytes"] > a["rollout/gathered_bytes"]
         strip = ("rollout/gathered_bytes", "rollout/gathered_bytes_per_token")

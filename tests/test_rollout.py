@@ -127,6 +127,35 @@ def test_gumbel_noise_samples_the_distribution():
     assert torch.equal(gumbel_noise(seeds[:8], 3, token_keys(9, "cpu"))[:, :5], gumbel_noise(seeds[:8], 3, keys))
 
 
+def test_the_rollout_runs_in_inference_mode_and_returns_tensors_training_can_use(tiny_checkpoint, family_prompts):
+    """An unsharded model's prefill and decoding run in inference mode (said in
+    ``rollout/inference_mode``); the completions, log-probs and a kept prefill it
+    returns are ordinary tensors that the update's forward and backward take."""
+    from omni_rl.models.forward import group_forward
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    inputs = family_prompts("qwen2_5_vl", processor)
+    modes = []
+    model.model.language_model.register_forward_pre_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    engine = HFRolloutEngine(model, processor)
+    plain = engine.generate(inputs, 2, SamplingParams(max_new_tokens=3), seeds=[0, 1])
+    assert len(modes) == 4 and all(modes)  # the prefill and 3 decoding steps
+    assert engine.metrics()["rollout/inference_mode"] == 1.0
+    modes.clear()
+    kept = engine.generate(inputs, 2, SamplingParams(max_new_tokens=3), seeds=[0, 1], keep_prefill=True)
+    assert modes == [False, True, True, True]  # the kept prefill under autograd
+    assert torch.equal(kept.completion_ids, plain.completion_ids)
+    for rollouts in (plain, kept):
+        assert not any(t.is_inference() for t in (rollouts.completion_ids, rollouts.logprobs, rollouts.lengths))
+        model.train()
+        out = group_forward(
+            model, inputs, rollouts.completion_ids, rollouts.completion_mask, 2, prefix=rollouts.prefill
+        )
+        (out.logp * rollouts.completion_mask).sum().backward()
+        assert model.lm_head.weight.grad is not None
+        model.zero_grad(set_to_none=True)
+
+
 def test_a_prompts_completions_do_not_depend_on_its_batch(tiny_checkpoint, family_prompts):
     """Seeded per completion: prompt 1 rolled out alone equals prompt 1 rolled out next to
     prompt 0 (what makes N ranks sample what one process samples)."""

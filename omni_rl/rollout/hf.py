@@ -169,8 +169,15 @@ class HFRolloutEngine:
         self.stop_ids = stop_token_ids(processor, model)
         self.banned = placeholder_token_ids(processor)
         self.gather_once = gather_once
-        if not gather_once and any(gathering.tracked(m) for m in model.modules()):
+        sharded = any(gathering.tracked(m) for m in model.modules())
+        if not gather_once and sharded:
             _log.warning("rollout.gather_once: false: every decoded token gathers every sharded layer's weights again")
+        # the rollout's forwards run in inference mode (the same kernels, fewer dispatch
+        # steps an operation) except on FSDP2 units: weights gathered there would be
+        # inference tensors that training's next all-gather may not write into
+        self.inference_mode = not sharded
+        if sharded:
+            _log.info("hf rollout: FSDP2-sharded model: prefill and decoding run under no_grad, not inference mode")
         self._gathers = {"bytes": 0, "decode_bytes": 0, "decode_steps": 0}
 
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
@@ -184,11 +191,14 @@ class HFRolloutEngine:
         ``rollout/gathered_bytes`` (FSDP2's all-gathers of weights into this rank, the
         prefills' included) and ``rollout/gathered_bytes_per_token`` (those after the
         prefills, per decoded token position): 0 with ``gather_once``, the whole model's
-        sharded weights without it, and 0 for a model FSDP2 does not shard."""
+        sharded weights without it, and 0 for a model FSDP2 does not shard; and
+        ``rollout/inference_mode``: 1 where the rollout's forwards run in inference mode,
+        0 under no_grad (FSDP2-sharded models)."""
         g, self._gathers = self._gathers, {"bytes": 0, "decode_bytes": 0, "decode_steps": 0}
         return {
             "rollout/gathered_bytes": g["bytes"],
             "rollout/gathered_bytes_per_token": g["decode_bytes"] / max(g["decode_steps"], 1),
+            "rollout/inference_mode": float(self.inference_mode),
         }
 
     def max_prompt_tokens(self, rollout) -> int:
@@ -230,8 +240,6 @@ class HFRolloutEngine:
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (batch,)).tolist()
         row_seeds = completion_seeds(seeds, n, model.device)
-        stop_ids = torch.tensor(self.stop_ids, device=model.device)
-        warpers = self._warpers(sampling)
         was_training = model.training
         model.eval()
         held = gathering.held_gathered(model) if self.gather_once else nullcontext()
@@ -240,47 +248,11 @@ class HFRolloutEngine:
                 # PREFILL: every token but the last, media encoders included, once per prompt;
                 # each layer keeps the prompt's keys and values once for its G samples (and,
                 # sharded, its gathered weights to the last token: ``gather_once``)
-                with torch.enable_grad() if keep_prefill else nullcontext():
+                with torch.enable_grad() if keep_prefill else self._no_autograd():
                     prefix = prefill(model, inputs)
                 prefilled = gathered.bytes
-                reader = ReadPrefix(prefix.store)
-                tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
-                first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
-                extra = (
-                    {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
-                )
-                finished = torch.zeros_like(tokens, dtype=torch.bool)
-                # the completions' own keys: allocated once, written in place step by step
-                cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
-                sampled, logprobs = [], []
-                # DECODE: all B*G sequences, one token each per step, until every one stopped
-                # (on every rank: sharded forwards run in step)
-                for step in range(sampling.max_new_tokens):
-                    out = model(
-                        input_ids=tokens[:, None],
-                        position_ids=first + step,
-                        cache=cache,
-                        use_cache=True,
-                        shared_prefix=reader,
-                        **extra,
-                    )
-                    scores = out.logits[:, -1].float()
-                    for warp in warpers:
-                        scores = warp(None, scores)
-                    logp = torch.log_softmax(scores, dim=-1)
-                    if sampling.temperature > 0:
-                        if step == 0:  # fixed for the rollout
-                            keys = token_keys(logp.shape[-1], logp.device)
-                        noisy = logp + gumbel_noise(row_seeds, step, keys)
-                    else:
-                        noisy = logp
-                    tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
-                    sampled.append(tokens)
-                    logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
-                    finished |= torch.isin(tokens, stop_ids)
-                    # the one host read of a step: whether every sequence of every rank stopped
-                    if distributed.all_ranks(finished.all()):
-                        break
+                with self._no_autograd():
+                    sampled, logprobs = self._decode(prefix, inputs, n, sampling, row_seeds)
         finally:
             model.train(was_training)
         self._gathers["bytes"] += gathered.bytes
@@ -288,6 +260,51 @@ class HFRolloutEngine:
         self._gathers["decode_steps"] += len(sampled)
         completions = torch.stack(sampled, 1) if sampled else torch.zeros(batch * n, 0, dtype=torch.long)
         return self._package(completions, logprobs, n, prefix if keep_prefill else None)
+
+    def _no_autograd(self):
+        return torch.inference_mode() if self.inference_mode else torch.no_grad()
+
+    def _decode(self, prefix: Prefix, inputs: dict, n: int, sampling: SamplingParams, row_seeds: torch.Tensor):
+        """The decode loop: all B*G sequences, one token each per step, from each prompt's
+        last token, until every one stopped (on every rank: sharded forwards run in
+        step). Returns the sampled tokens [N] and their log-probs [N] of each step."""
+        model, warpers = self.model, self._warpers(sampling)
+        stop_ids = torch.tensor(self.stop_ids, device=model.device)
+        reader = ReadPrefix(prefix.store)
+        tokens = inputs["input_ids"][:, -1].repeat_interleave(n)
+        first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
+        extra = {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
+        finished = torch.zeros_like(tokens, dtype=torch.bool)
+        # the completions' own keys: allocated once, written in place step by step
+        cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
+        sampled, logprobs = [], []
+        for step in range(sampling.max_new_tokens):
+            out = model(
+                input_ids=tokens[:, None],
+                position_ids=first + step,
+                cache=cache,
+                use_cache=True,
+                shared_prefix=reader,
+                **extra,
+            )
+            scores = out.logits[:, -1].float()
+            for warp in warpers:
+                scores = warp(None, scores)
+            logp = torch.log_softmax(scores, dim=-1)
+            if sampling.temperature > 0:
+                if step == 0:  # fixed for the rollout
+                    keys = token_keys(logp.shape[-1], logp.device)
+                noisy = logp + gumbel_noise(row_seeds, step, keys)
+            else:
+                noisy = logp
+            tokens = torch.where(finished, self.pad_id, noisy.argmax(-1))
+            sampled.append(tokens)
+            logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
+            finished |= torch.isin(tokens, stop_ids)
+            # the one host read of a step: whether every sequence of every rank stopped
+            if distributed.all_ranks(finished.all()):
+                break
+        return sampled, logprobs
 
     def _package(self, completions: torch.Tensor, steps: list[torch.Tensor], n: int, kept: Prefix | None) -> Rollouts:
         count, width = completions.shape
