@@ -82,6 +82,10 @@ def test_bench_vs_trl_small_run():
     args = ["--steps", "1", "--warmup", "1", "--video-reps", "1", "--width", "64"]
     lines = run_tool("bench_vs_trl.py", args, timeout=900)
     assert any(line.startswith("video shared vs naive forward+backward: naive/shared = ") for line in lines)
+    assert any(
+        "its update read the rollout's prefill in 1 of 1 measured steps, its rollout ran in inference mode in 1" in line
+        for line in lines
+    )
     assert lines[-1].startswith("ratio trl/omni = ")
 
 

@@ -46,10 +46,8 @@ both as each library is meant to be used; the per-step logging differs (omni_rl:
 metric dicts). With a random-init model nearly every reward is 0 and most advantages
 are 0 too; both sides still run the full loss forward, backward and optimizer step.
 
-The last line is ``ratio trl/omni = X``, median TRL s/step over median omni_rl s/step.
-Measured on 2 shared, busy CPU cores with the defaults (1 thread): TRL 2.06 s/step
-(rollout 0.60, update 1.33) against omni_rl 0.50 (rollout 0.27, update 0.23), ratio
-4.12 (3.96 in another run); video forward+backward naive/shared 5.15 (6.76).
+The last line is ``ratio trl/omni = X``, median TRL s/step over median omni_rl s/step;
+the measured figures, with their machines and commits, are in docs/results/performance.md.
 """
 
 from __future__ import annotations
@@ -517,6 +515,8 @@ def main() -> None:
             **{k: [m[f"time/{k}"] for m in metrics] for k in ("rollout", "reward", "advantage", "update")},
             "length": [m["response/length_mean"] for m in metrics],
             "score": [m["reward/mean"] for m in metrics],
+            "reused": [m["update/prefill_reused"] for m in metrics],
+            "inference": [m["rollout/inference_mode"] for m in metrics],
         }
         trl = {k: v[args.warmup :] for k, v in trl.items()}
         video = video_forward(model_dir, args.video_reps, args.seed) if args.video_reps else None
@@ -530,7 +530,9 @@ def main() -> None:
         f"threads: omni_rl {sorted(set(omni_threads))}, TRL {sorted(set(trl_threads))}; "
         f"{args.warmup} warm-up + {args.steps} measured steps each, alternating; "
         f"TRL activation checkpointing {'on' if trl_checkpointing else 'off'} (omni_rl: off); "
-        f"omni_rl prompts' model inputs read from its cache: {inputs[0]}, encoded: {inputs[1]}"
+        f"omni_rl prompts' model inputs read from its cache: {inputs[0]}, encoded: {inputs[1]}; "
+        f"its update read the rollout's prefill in {int(sum(omni['reused']))} of {len(omni['reused'])} measured "
+        f"steps, its rollout ran in inference mode in {int(sum(omni['inference']))}"
     )
     print(
         f"median over steps of the mean completion length: omni_rl {median(omni['length']):.1f}, "
