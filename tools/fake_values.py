@@ -51,6 +51,9 @@ UNINITIALIZED = {
     aten.new_empty_strided.default,
 }
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+# reads of one element on the host (``is_nonzero`` reaches the modes as itself, not as
+# ``_local_scalar_dense``, when it runs in inference mode, as the hf rollout's decoding does)
+HOST_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.item.default}
 
 
 def call_site(torch_parts: tuple[str, ...] = ("/torch/nn/",)) -> str:
@@ -152,7 +155,7 @@ class KnownValues(TorchDispatchMode):
         seeded = torch.Tag.nondeterministic_seeded in func.tags and kwargs.get("generator") is None
         if all(self.known(t) for t in tensors) and not seeded and func not in UNINITIALIZED:
             return self._known(func, args, kwargs, tensors)
-        if func is aten._local_scalar_dense.default:
+        if func in HOST_READS:
             self.unknown_reads[call_site()] += 1
             return False if args[0].dtype == torch.bool else 0
         try:
