@@ -11,7 +11,9 @@ directory holding its architecture (``model.path``'s config.json, else
 ``tools/model_configs/<name>.json``, else ``--model-config``). Under ``FakeTensorMode``
 only the two steps that read weights are answered here (``load_models``, ``filled``).
 Then the real code of one step runs as rank 0 runs it: ``HFRolloutEngine.rollout`` on
-this rank's prompts (prefill and K decode steps; later steps repeat the shapes), and
+this rank's prompts (prefill and K decode steps; later steps repeat the shapes; the
+prefill's activations held through them where GRPO's update reads that prefill,
+``rollout.reuse_prefill``: one process without checkpointing), and
 ``omni_rl.recipes.grpo._update`` with every completion ``rollout.max_new_tokens`` long
 (old and reference log-probs where needed, each micro-batch's forward and backward,
 each optimizer step). The prompt is the longest the media budgets admit (``prompt``), or
@@ -130,11 +132,14 @@ def mark_phases(model, reference, engine, phases: Phases | None, checks: Checks 
     return remove
 
 
-def rollout_phase(model, arch, batch, cfg):
-    """This rank's prompts through ``HFRolloutEngine.rollout`` until ``StopDecode``."""
+def rollout_phase(model, arch, batch, cfg, keep_prefill: bool = False):
+    """This rank's prompts through ``HFRolloutEngine.rollout`` until ``StopDecode``;
+    ``keep_prefill``: the prefill made under autograd and held through the decoding, as
+    GRPO has it where its update reads it (``rollout.reuse_prefill``)."""
     from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
     engine = HFRolloutEngine(model, arch.processor, cfg.rollout.gather_once)
+    engine.keep_prefill = keep_prefill
     r = cfg.rollout
     sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens)
     with contextlib.suppress(StopDecode):
@@ -287,7 +292,7 @@ def memory_pass(setup: Setup, fake: bool, checks_on: bool) -> tuple[dict[str, Ph
             stack.enter_context(mock.patch.object(distributed, "mean_metrics", rank0_row))
         batch = setup.batch((lambda e: fake_copy(e, values)) if fake else real_copy)
         remove = mark_phases(engine.model, reference, engine, phases, checks, setup.decode_steps)
-        rollout_phase(engine.module, setup.arch, batch, cfg)
+        rollout_phase(engine.module, setup.arch, batch, cfg, grpo._prefill_blocker(cfg, engine) is None)
         phases.close()
         if checks is not None:
             checks.end_decode()
