@@ -225,7 +225,12 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(
-        self, inputs: dict, n: int, sampling: SamplingParams, seeds: list[int] | None = None, keep_prefill=False
+        self,
+        inputs: dict,
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+        keep_prefill: bool = False,
     ) -> Rollouts:
         """G = ``n`` completions for each of the B left-padded prompts in ``inputs``.
 
