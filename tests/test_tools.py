@@ -1,5 +1,6 @@
 """Small runs of the benchmarks in tools/: they run on the real code paths and print their ratio last."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,27 @@ def test_bench_sim_camera_rows():
     rates = [float(part.split()[-1]) for part in row.split(" env steps/s")[0:1]]
     every, chunk = (float(row.split(name)[1].split()[0].rstrip(",")) for name in ("every step ", "once a chunk "))
     assert rates[0] > 0 and chunk > every > 0, row
+
+
+def test_bench_cache_makes_clips_of_the_settings_asked_for(tmp_path):
+    """A second run with other clip settings into the same --out gets clips of its own
+    settings, not the first run's (10 s clips sampled at 64 frames met 2 s ones there)."""
+    import av
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import bench_cache
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+    def frames(data: Path) -> list[int]:
+        rows = [json.loads(line) for line in data.read_text().splitlines()]
+        counts = []
+        for row in rows:
+            with av.open(str(data.parent / row["videos"][0])) as container:
+                counts.append(sum(1 for _ in container.decode(video=0)))
+        return counts
+
+    assert frames(bench_cache.make_videos(tmp_path, 2, 1.0, 8, 64, 48)) == [8, 8]
+    assert frames(bench_cache.make_videos(tmp_path, 2, 2.0, 8, 64, 48)) == [16, 16]
+    assert frames(bench_cache.make_videos(tmp_path, 2, 1.0, 8, 64, 48)) == [8, 8]  # the first clips, reused

@@ -51,9 +51,12 @@ from omni_rl.runtime import set_threads
 
 
 def make_videos(root: Path, n: int, seconds: float, fps: int, width: int, height: int) -> Path:
-    """``n`` scene clips and a dataset row for each (reused when already there)."""
+    """``n`` scene clips and a dataset row for each, in a folder of ``root`` named by the
+    clips' settings (a clip is reused when already there: one of other settings never is).
+    Returns the rows' JSONL."""
     import json
 
+    root = root / f"{width}x{height}_{fps}fps_{seconds:g}s"
     rng = np.random.default_rng(0)
     rows = []
     for i in range(n):
