@@ -193,3 +193,27 @@ def test_decoding_reads_the_prompt_keys_once_per_group(tiny_checkpoint, family_p
     rollouts = HFRolloutEngine(model, processor).generate(inputs, n=4, sampling=SamplingParams(max_new_tokens=5))
     assert seen == [(2, 8, 5, [step + 1]) for step in range(rollouts.completion_ids.shape[1])]
     assert len(buffers) == 1
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_decoding_builds_no_attention_mask(family, tiny_checkpoint, family_prompts, monkeypatch):
+    """The decoding steps hand the model their own-key mask, a view of one row, so
+    transformers builds none: its mask function runs for the prefill only."""
+    from transformers import masking_utils
+
+    model, processor = load(tiny_checkpoint(family))
+    inputs = family_prompts(family, processor)
+    calls = []
+    real = masking_utils.create_causal_mask
+
+    def spy(*args, **kwargs):
+        mask = real(*args, **kwargs)
+        calls.append(mask is kwargs.get("attention_mask"))
+        return mask
+
+    for module in {type(m).__module__ for m in model.modules()}:
+        if hasattr(__import__(module, fromlist=["_"]), "create_causal_mask"):
+            monkeypatch.setattr(f"{module}.create_causal_mask", spy)
+    rollouts = HFRolloutEngine(model, processor).generate(inputs, n=2, sampling=SamplingParams(max_new_tokens=4))
+    steps = rollouts.completion_ids.shape[1]
+    assert steps > 1 and calls.count(False) <= 1, (family, calls)  # built: the prefill's (or none)

@@ -280,12 +280,16 @@ class HFRolloutEngine:
         first = tail_positions(prefix, torch.ones_like(tokens)[:, None], n)
         extra = {"mm_token_type_ids": torch.zeros_like(tokens)[:, None]} if "mm_token_type_ids" in inputs else {}
         finished = torch.zeros_like(tokens, dtype=torch.bool)
-        # the completions' own keys: allocated once, written in place step by step
-        cache = StaticCache(config=decoder_config(model), max_cache_len=max(1, sampling.max_new_tokens))
+        # the completions' own keys: allocated once, written in place step by step; step s
+        # sees the first s + 1 slots (the mask handed over as it is, so none is built)
+        slots = max(1, sampling.max_new_tokens)
+        cache = StaticCache(config=decoder_config(model), max_cache_len=slots)
+        slot = torch.arange(slots, device=model.device)
         sampled, logprobs = [], []
         for step in range(sampling.max_new_tokens):
             out = model(
                 input_ids=tokens[:, None],
+                attention_mask=(slot <= step).expand(len(tokens), 1, 1, slots),
                 position_ids=first + step,
                 cache=cache,
                 use_cache=True,
