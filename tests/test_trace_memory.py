@@ -70,6 +70,16 @@ def test_the_trace_shards_over_two_ranks(tmp_path):
     assert shard["2"] == pytest.approx(shard["1"] / 2, rel=0.02)  # (each shard is padded to whole rows)
 
 
+def test_a_cuda_config_is_checked_on_fake_cuda_tensors(tmp_path):
+    """A CUDA config's step runs again unsharded on fake CUDA tensors under the checks:
+    the hf rollout's decoding there runs in inference mode, where ``torch.tensor(...,
+    device='cuda')`` reaches the modes as ``aten.to.dtype_layout`` (the tracer must not
+    run it on a real GPU, which this machine lacks)."""
+    lines, _ = trace(tmp_path, "--world", "2", "--set", "run.device=cuda")
+    assert any(line.startswith("checks on fake CUDA, unsharded: 0 finding(s);") for line in lines), lines[-4:]
+    assert lines[-1].startswith("peak per rank = ")
+
+
 @pytest.fixture(scope="module")
 def tool():
     """The tracer's modules beside it in tools/ (checks, values, phases), as one namespace."""

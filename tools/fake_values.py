@@ -54,6 +54,11 @@ DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
 # reads of one element on the host (``is_nonzero`` reaches the modes as itself, not as
 # ``_local_scalar_dense``, when it runs in inference mode, as the hf rollout's decoding does)
 HOST_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.item.default}
+# ``Tensor.to``'s composite overloads: in inference mode they reach the modes as
+# themselves, and the fake mode would run one that moves a value it keeps (a
+# ``torch.tensor(..., device='cuda')``) on the real device; decomposed, it is the
+# ``_to_copy`` no_grad gives, which the fake mode answers without the device
+DEVICE_MOVES = {aten.to.dtype_layout, aten.to.device, aten.to.dtype, aten.to.other}
 
 
 def call_site(torch_parts: tuple[str, ...] = ("/torch/nn/",)) -> str:
@@ -148,6 +153,9 @@ class KnownValues(TorchDispatchMode):
         self.data_dependent = False
         if Propagation.depth:
             return func(*args, **kwargs)
+        if func in DEVICE_MOVES:
+            with self:
+                return func.decompose(*args, **kwargs)
         tensors = [t for t in arg_tree_leaves(*args, **kwargs) if isinstance(t, torch.Tensor)]
         if func._schema.name.startswith("c10d::"):
             return self._collective(func, args, kwargs, tensors)
