@@ -66,6 +66,19 @@ def test_every_family_is_registered():
     assert sorted(FAMILIES) == sorted(ALL)
 
 
+def test_load_refuses_a_decoder_with_sliding_window_layers(tmp_path):
+    """The shared-prefix attention attends to every real prompt key and every earlier
+    completion key; a decoder whose layers attend within a window would compute
+    something else, so it is refused at load, not trained on silently."""
+    path = build_tiny("qwen2_5_vl", tmp_path / "model")
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"].update(use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    config["text_config"].pop("layer_types", None)  # as released configs: derived from the window
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OmniRLError, match="sliding_attention"):
+        load(path)
+
+
 @pytest.mark.parametrize("family", ALL)
 def test_tiny_model_forward_backward_generate(family, tiny_checkpoint, media_dir):
     path = tiny_checkpoint(family)

@@ -273,4 +273,11 @@ def install(model: torch.nn.Module) -> None:
             f"the shared-prefix forward builds on SDPA attention; this model's decoder uses "
             f"{config._attn_implementation!r}"
         )
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise OmniRLError(
+            f"the shared-prefix forward attends to every earlier key; this model's decoder has "
+            f"{', '.join(sorted(kinds - {'full_attention'}))} layers (a config's use_sliding_window: "
+            f"set it false to train this checkpoint with full attention)"
+        )
     config._attn_implementation = NAME
