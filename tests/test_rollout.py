@@ -217,3 +217,4 @@ def test_decoding_builds_no_attention_mask(family, tiny_checkpoint, family_promp
     rollouts = HFRolloutEngine(model, processor).generate(inputs, n=2, sampling=SamplingParams(max_new_tokens=4))
     steps = rollouts.completion_ids.shape[1]
     assert steps > 1 and calls.count(False) <= 1, (family, calls)  # built: the prefill's (or none)
+    assert calls.count(True) >= steps, (family, calls)  # every step's went through, handed back as it is
