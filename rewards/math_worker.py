@@ -17,6 +17,12 @@ PROSE = re.compile(r"[A-Za-z]{3,}")
 INNER_TIMEOUT = 1  # seconds, math-verify's parse and verify limits (whole seconds)
 
 
+def _found_expression(parsed) -> bool:
+    """Whether a math-verify reading holds an expression: it falls back to the raw
+    string alone when it finds none."""
+    return any(not isinstance(item, str) for item in parsed)
+
+
 @functools.lru_cache(maxsize=8192)
 def _parse(text: str) -> tuple:
     """math-verify's reading of ``text``; cached, since a gold answer is checked against
@@ -25,10 +31,12 @@ def _parse(text: str) -> tuple:
 
     # An extracted answer is usually bare LaTeX ("2\\pi", "x^2+1"): read it in math mode
     # first, since math-verify's plain-text reading takes "2\\pi" for 2. Prose stays
-    # plain text: in math mode its words become long products of symbols.
+    # plain text: in math mode its words become long products of symbols. A reading
+    # that found no expression (math-verify then returns the raw string alone, as for
+    # "$\\[...\\]$") falls through to the plain-text one.
     if "$" not in text and "\\boxed" not in text and not PROSE.search(LATEX_COMMAND.sub("", text)):
         parsed = parse(f"${text}$", parsing_timeout=INNER_TIMEOUT)
-        if parsed:
+        if _found_expression(parsed):
             return tuple(parsed)
     return tuple(parse(text, parsing_timeout=INNER_TIMEOUT))
 
@@ -38,8 +46,7 @@ def _check(gold: str, prediction: str | None) -> tuple[bool, bool]:
     from math_verify import verify
 
     parsed_gold = _parse(gold)
-    # math-verify falls back to the raw string when it finds no expression
-    if not any(not isinstance(item, str) for item in parsed_gold):
+    if not _found_expression(parsed_gold):
         return False, False
     if prediction is None:
         return True, False
