@@ -191,18 +191,22 @@ def strip_blocks(text: str, tags: re.Pattern) -> str:
 
 
 def extract_answer(response: str) -> tuple[str | None, str]:
-    """(the answer text, where it came from): the last <answer> block, else the last
-    \\boxed{}, else the response without its <think> blocks; None when empty."""
-    tagged = last_tag_block(response, ANSWER_TAGS)
+    """(the answer text, where it came from), read outside the <think> blocks (a draft
+    there is no answer): the last <answer> block, else the last \\boxed{}, else that
+    text itself; a response wholly inside <think> blocks has its tags and boxes read
+    there. None when empty."""
+    outside = strip_blocks(response, THINK_TAGS)
+    searched = outside if outside.strip() else response
+    tagged = last_tag_block(searched, ANSWER_TAGS)
     if tagged is not None:
         text, source = tagged, "answer_tag"
         boxed = last_boxed(text)
         if boxed is not None:
             text, source = boxed, "answer_tag_boxed"
-    elif (boxed := last_boxed(response)) is not None:
+    elif (boxed := last_boxed(searched)) is not None:
         text, source = boxed, "boxed"
     else:
-        text, source = strip_blocks(response, THINK_TAGS), "raw"
+        text, source = outside, "raw"
     text = text.strip()
     return (text or None), source
 
