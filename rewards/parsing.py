@@ -46,6 +46,12 @@ NUMBER = re.compile(
     r"(?<![\w.])([-+−]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d{1,4}))?(?:\s*/\s*(\d+))?\s*(%)?"
     r"|(?<![\w.])([-+−]?)\.(\d+)"
 )
+# "a × 10^b" (× written ×, \\times, \\cdot, · or *; the power ^ or **, its exponent in
+# braces or not) and "10^b" alone, read as one number "aeb".
+TIMES_TEN_TO = re.compile(
+    r"(?:(\d(?:[\d,]*\d)?(?:\.\d+)?)\s*(?:×|\\times|\\cdot|·|\*)\s*)?"
+    r"(?<![\w.])10\s*(?:\^|\*\*)\s*(\{)?\s*([-+−]?\d{1,4})\s*(?(2)\})"
+)
 # A whole word: "someone" and "twenty-one" hold none.
 NUMBER_WORD = re.compile(r"(?<![\w-])(" + "|".join(NUMBER_WORDS) + r")(?![\w-])", re.IGNORECASE)
 MAX_NUMBER_TEXT = 5_000
@@ -64,15 +70,26 @@ def _last_number_word(text: str) -> tuple[int, float | None] | None:
     return last.start(), float(NUMBER_WORDS[last.group(1).lower()])
 
 
+def _is_exponent(text: str, start: int) -> bool:
+    """Whether the number at ``start`` is a power's exponent ("m^2", "km**2", "^{3}");
+    looks back over the spaces and brace before it only (linear over all numbers)."""
+    i = start
+    while i > 0 and text[i - 1] in " {":
+        i -= 1
+    return text.endswith("^", 0, i) or text.endswith("**", 0, i)
+
+
 def parse_number(text: str) -> float | None:
     """The last number in ``text``, written in digits ("1,234.5", "45%", "3.2e5", "3/4",
-    "-2", "about 4 meters") or as a word from zero to twenty ("seven", "There are three
-    chairs."); None when there is none or it is not finite. Percent signs are dropped:
-    "45%" reads as 45."""
+    "-2", "about 4 meters", "3.2 × 10^5") or as a word from zero to twenty ("seven",
+    "There are three chairs."); None when there is none or it is not finite. Percent
+    signs are dropped: "45%" reads as 45. A power's exponent is no answer: "25 m^2"
+    reads as 25."""
     if text is None:
         return None
     text = str(text)[-MAX_NUMBER_TEXT:].strip()
-    matches = list(NUMBER.finditer(text))
+    text = TIMES_TEN_TO.sub(lambda m: f"{m.group(1) or 1}e{m.group(3).replace('−', '-')}", text)
+    matches = [m for m in NUMBER.finditer(text) if not _is_exponent(text, m.start())]
     word = _last_number_word(text)
     if word is not None and (not matches or word[0] > matches[-1].start()):
         return word[1]
