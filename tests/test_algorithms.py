@@ -33,6 +33,22 @@ def test_grpo_advantages():
     assert adv.tolist() == approx([0.866025, -0.866025, -0.866025, 0.866025, 0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("group_size", [4, 5, 6, 8, 12, 16])
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(method, group_size):
+    """Rewards like 0.1 (wrong but well formatted) or 0.7 have no exact float32 mean:
+    the members sat one rounding step off it, which GRPO's division by a std of the
+    same size blew up (G = 12, all 0.7: +0.106 each). An equal group says nothing."""
+    for value in (0.1, 0.7, 0.9):
+        equal = torch.full((group_size,), value)
+        assert compute_advantages(method, equal, group_size).tolist() == [0.0] * group_size
+        # beside an informative group, the equal one is still exactly 0
+        mixed = torch.cat([equal, torch.tensor([1.0, 0.0] * (group_size // 2) + [0.5] * (group_size % 2))])
+        adv = compute_advantages(method, mixed, group_size)
+        assert adv[:group_size].tolist() == [0.0] * group_size
+        assert adv[group_size:].abs().max() > 0.1
+
+
 def test_dr_grpo_advantages_skip_the_std():
     adv = dr_grpo_advantages(torch.tensor([1.0, 0, 0, 1, 2, 2, 2, 2]), group_size=4)
     assert adv.tolist() == approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])

@@ -27,10 +27,26 @@ def local_sum(values: list[float]) -> list[float]:
     return list(values)
 
 
+# Rewards no further apart than this are equal (dynamic sampling's test too).
+EQUAL_REWARDS_TOL = 1e-6
+
+
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be [B*G] with G={group_size}, got shape {tuple(rewards.shape)}")
     return rewards.float().view(-1, group_size)
+
+
+def equal_groups(r: torch.Tensor, tol: float = EQUAL_REWARDS_TOL) -> torch.Tensor:
+    """Whether each group's rewards are all equal (within ``tol``). r: [B, G] -> bool [B, 1]."""
+    return (r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)) <= tol
+
+
+def _centred(r: torch.Tensor) -> torch.Tensor:
+    """[B, G] rewards minus their group's mean, exactly 0 in a group of equal rewards:
+    float32 has no exact mean of eight 0.1s, and members one rounding step off it would
+    otherwise carry noise that a division by the group's std (as small) blows up."""
+    return (r - r.mean(dim=1, keepdim=True)).masked_fill(equal_groups(r), 0.0)
 
 
 @ADVANTAGES.register("grpo")
@@ -48,15 +64,14 @@ def grpo_advantages(
     if r.numel() == 0:  # every group was filtered out
         return rewards.float()
     std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
-    return ((r - r.mean(dim=1, keepdim=True)) / (std + eps)).flatten()
+    return (_centred(r) / (std + eps)).flatten()
 
 
 @ADVANTAGES.register("dr_grpo")
 def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, *, batch_sum: BatchSum = local_sum) -> torch.Tensor:
     """Dr. GRPO: r - group mean, no std normalization (which favours easy and hard
     prompts). rewards: [B*G] -> [B*G]."""
-    r = _groups(rewards, group_size)
-    return (r - r.mean(dim=1, keepdim=True)).flatten()
+    return _centred(_groups(rewards, group_size)).flatten()
 
 
 @ADVANTAGES.register("rloo")
@@ -67,7 +82,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, *, batch_sum: BatchS
         raise ValueError("RLOO needs at least 2 completions per prompt")
     r = _groups(rewards, group_size)
     others = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
-    return (r - others).flatten()
+    return (r - others).masked_fill(equal_groups(r), 0.0).flatten()
 
 
 @ADVANTAGES.register("reinforce_pp")

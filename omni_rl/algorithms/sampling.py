@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from omni_rl.algorithms.advantages import EQUAL_REWARDS_TOL, equal_groups
 
-def informative_groups(rewards: torch.Tensor, group_size: int, tol: float = 1e-6) -> torch.Tensor:
+
+def informative_groups(rewards: torch.Tensor, group_size: int, tol: float = EQUAL_REWARDS_TOL) -> torch.Tensor:
     """DAPO's dynamic sampling: groups whose rewards are not all equal (only those give
     a non-zero group-relative advantage). rewards: [B*G] -> bool [B]."""
-    r = rewards.float().view(-1, group_size)
-    return (r.max(dim=1).values - r.min(dim=1).values) > tol
+    return ~equal_groups(rewards.float().view(-1, group_size), tol).squeeze(1)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
