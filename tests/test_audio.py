@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from omni_rl.data.dataset import BadRow, MediaDataset, encode_sample
-from omni_rl.models import load
+from omni_rl.errors import OmniRLError
+from omni_rl.models import build_tiny, load
 from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.audio import MIN_SECONDS, read_audio
 from omni_rl.preprocess.pipeline import Budgets
@@ -71,6 +72,23 @@ def test_very_short_clips_reach_the_model(tmp_path, tiny_checkpoint, seconds):
         assert (inputs["input_ids"] == audio_id).sum() >= 1
         with torch.no_grad():
             assert torch.isfinite(model(**inputs).logits).all()
+
+
+def test_sound_longer_than_the_processors_window_is_refused_not_cut(tmp_path):
+    """Qwen2-Audio's and Qwen2.5-Omni's feature extractors keep the first 30 s (2 s in
+    this tiny build) and drop the rest without a word: a longer sound (media.max_audio_
+    seconds above the window) is refused, naming the window and the setting; a sound
+    that fits goes through. Qwen3-Omni's processor takes longer sound whole."""
+    messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What?"}]}]
+    for family in ("qwen2_audio", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"):
+        _, processor = load(build_tiny(family, tmp_path / family, audio_seconds=2))
+        encode_prompts(processor, [messages], audios=[tone(2.0)])
+        if family == "qwen3_omni_moe_thinker":
+            features = encode_prompts(processor, [messages], audios=[tone(3.0)])["input_features"]
+            assert features.shape[-1] == 300  # 3 s of 10 ms frames, whole
+            continue
+        with pytest.raises(OmniRLError, match=r"3\.0 s .*2 s audio window.*media\.max_audio_seconds"):
+            encode_prompts(processor, [messages], audios=[tone(3.0)])
 
 
 def test_a_three_hour_file_is_read_only_up_to_the_budget(tmp_path):

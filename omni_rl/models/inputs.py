@@ -134,12 +134,34 @@ def encode_prompts(
     if "audio" in kwargs:
         kwargs["sampling_rate"] = AUDIO_SAMPLE_RATE
     out = processor(text=texts, return_tensors="pt", padding=True, padding_side="left", **kwargs)
+    if "audio" in kwargs:
+        _refuse_cut_sound(processor, kwargs["audio"], out)
     if interleaved and videos:  # the processor takes one fps for all; each video's own, for positions
         tps = processor.video_processor.temporal_patch_size
         out["video_second_per_grid"] = torch.tensor([tps / clip.sampled_fps for clip in videos])
     if heard:
         out["use_audio_in_video"] = torch.tensor(_heard_per_prompt(conversations, video_audios))
     return out
+
+
+def _refuse_cut_sound(processor, waves: list, out) -> None:
+    """Refuse a sound the processor cut: the Whisper feature extractors of Qwen2-Audio
+    and Qwen2.5-Omni keep their window (30 s in released checkpoints) and drop the rest
+    without a word; each sound's frames (``feature_attention_mask``, one row a sound)
+    must cover it. Processors that take longer sound whole pass."""
+    mask, extractor = out.get("feature_attention_mask"), getattr(processor, "feature_extractor", None)
+    if mask is None or extractor is None:
+        return
+    if len(mask) != len(waves):
+        raise OmniRLError(f"{type(processor).__name__} returned {len(mask)} sound feature rows for {len(waves)} sounds")
+    for wave, frames in zip(waves, mask.sum(-1).tolist(), strict=True):
+        if frames < -(-len(wave) // extractor.hop_length):
+            window = extractor.n_samples / extractor.sampling_rate
+            raise OmniRLError(
+                f"a sound of {len(wave) / AUDIO_SAMPLE_RATE:.1f} s is longer than {type(processor).__name__}'s "
+                f"{window:g} s audio window (its feature extractor would drop the rest): set "
+                f"media.max_audio_seconds to at most {window:g}"
+            )
 
 
 # The processor part that turns each medium into features; a processor without it
