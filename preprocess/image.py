@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,12 @@ class ImageBudget:
     @property
     def factor(self) -> int:
         return self.patch_size * qvu.SPATIAL_MERGE_SIZE
+
+    def key(self) -> dict:
+        """What changes the images: the fields and the qwen-vl-utils limits that unset
+        fields fall back to."""
+        limits = ("IMAGE_MIN_TOKEN_NUM", "IMAGE_MAX_TOKEN_NUM", "SPATIAL_MERGE_SIZE")
+        return {**asdict(self), "qwen_vl_utils": {name: getattr(qvu, name) for name in limits}}
 
     def pixels(self) -> tuple[int, int]:
         """(min, max) area; unset values are qwen-vl-utils' defaults for the factor."""

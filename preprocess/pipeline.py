@@ -68,9 +68,9 @@ class Budgets:
         """The parameters that change the output of ``kind`` (part of its cache key;
         a video's own audio track, ``video_audio``, takes the audio parameters)."""
         if kind == "video":
-            return {"video": asdict(self.video)}
+            return {"video": self.video.key()}
         if kind == "image":
-            return {"image": asdict(self.image)}
+            return {"image": self.image.key()}
         return {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds}
 
     def all_params(self) -> dict:

@@ -15,7 +15,7 @@ to uint8 so that frames can be cached exactly.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,12 @@ class VideoBudget:
     def factor(self) -> int:
         """Side of one merged vision token in pixels (patch size x spatial merge 2)."""
         return self.patch_size * qvu.SPATIAL_MERGE_SIZE
+
+    def key(self) -> dict:
+        """What changes the frames: the fields and the qwen-vl-utils limits that unset
+        fields fall back to (MODEL_SEQ_LEN comes from the environment)."""
+        limits = ("MODEL_SEQ_LEN", "VIDEO_MIN_TOKEN_NUM", "VIDEO_MAX_TOKEN_NUM", "SPATIAL_MERGE_SIZE", "FRAME_FACTOR")
+        return {**asdict(self), "qwen_vl_utils": {name: getattr(qvu, name) for name in limits}}
 
     def frame_pixels(self, nframes: int) -> tuple[int, int]:
         """(min, max) area of each of ``nframes`` frames, as ``fetch_video`` computes it."""

@@ -415,3 +415,20 @@ def test_preprocess_counts_rows_without_media_and_rows_sharing_a_clip(tmp_path, 
     assert "shared media             2" in table and "no media                 1" in table
     again = preprocess(data, tmp_path / "cache", budgets, workers=1, progress=False)
     assert (again.cached, again.shared, again.no_media, again.already_cached) == (0, 0, 1, 3)
+
+
+def test_the_cache_key_holds_the_qwen_vl_utils_limits_the_budgets_read(monkeypatch):
+    """Unset pixel budgets come from qwen-vl-utils' constants, MODEL_SEQ_LEN among them
+    (read from the environment): a different value makes other frames, so it must make
+    another key, never a hit on the old entries."""
+    from omni_rl.preprocess.config import MediaConfig
+
+    budgets = Budgets.from_config(MediaConfig(family="qwen2_5_vl"))
+    video, image = budgets.params_digest("video"), budgets.params_digest("image")
+    pixels, image_pixels = budgets.video.frame_pixels(128), budgets.image.pixels()
+    monkeypatch.setattr(qvu, "MODEL_SEQ_LEN", qvu.MODEL_SEQ_LEN // 4)
+    assert budgets.video.frame_pixels(128) != pixels
+    assert budgets.params_digest("video") != video
+    monkeypatch.setattr(qvu, "IMAGE_MAX_TOKEN_NUM", qvu.IMAGE_MAX_TOKEN_NUM // 2)
+    assert budgets.image.pixels() != image_pixels
+    assert budgets.params_digest("image") != image
