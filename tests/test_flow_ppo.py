@@ -494,6 +494,10 @@ UNUSED_IN_MODE = {
         r"policy\.value_input: .* ppo\.critic_free: true",
     ),
     "group_size_with_critic": ({"ppo": {"group_size": 4}}, r"ppo\.group_size: .* critic_free: false"),
+    "normalize_advantages_critic_free": (
+        {"ppo": {"critic_free": True, "normalize_advantages": True}},
+        r"ppo\.normalize_advantages: does nothing under critic_free: true \(the group advantages",
+    ),
     "value_clip_scale_unclipped": (
         {"ppo": {"value_clip_scale": "absolute"}},
         r"ppo\.value_clip_scale: .* value_clip: null",
@@ -513,6 +517,24 @@ def test_a_field_that_does_nothing_in_its_mode_is_refused(tmp_path, sections, me
     and the mode (unset, each such field means its default in the mode it counts in)."""
     with pytest.raises(ConfigError, match=message):
         _config(tmp_path, **sections)
+
+
+def test_critic_free_advantages_reach_the_loss_as_their_groups_gave_them(tmp_path, monkeypatch):
+    """Each env's advantage is its return normalised within its group, 0 for a group of
+    equal returns. Re-centring them over a mini-batch (whose episodes that succeed early
+    hold fewer chunks, so its mean is not 0) gave such a group -mean/std: an all-failed
+    group was pushed up. Critic-free advantages reach the loss as they are."""
+    seen = []
+
+    def spy(engine, b, adv, *rest):
+        seen.append((b["adv"].clone(), adv.clone()))
+        return real(engine, b, adv, *rest)
+
+    real = flow_ppo.ppo_loss
+    monkeypatch.setattr(flow_ppo, "ppo_loss", spy)
+    flow_ppo.train(_config(tmp_path, ppo={"critic_free": True}, trainer={"steps": 2, "eval_episodes": 16}))
+    assert len(seen) == 2 * 4  # 2 iterations of 4 mini-batches
+    assert all(torch.equal(stored, used) for stored, used in seen)
 
 
 def test_fields_left_unset_take_their_modes_defaults(tmp_path):

@@ -506,7 +506,8 @@ def update(
     for epoch in range(p.epochs):
         first = len(records)
         batches = list(minibatches(rollout, envs, cfg, stream))
-        scales = advantage_scales(batches, flat["adv"]) if p.normalize_advantages else [(0.0, 1.0)] * len(batches)
+        normalize = not p.critic_free and p.setting("normalize_advantages")
+        scales = advantage_scales(batches, flat["adv"]) if normalize else [(0.0, 1.0)] * len(batches)
         for (size, members), (mean, std) in zip(batches, scales, strict=True):
             # a process without members still runs a forward and backward of its first
             # chunk (weight 0): data-parallel wrappers reduce gradients in every process together

@@ -40,6 +40,7 @@ class PPOConfig(ModeDefaults):
         "min_lr_ratio": 0.0,
         "critic_max_grad_norm": 0.5,
         "group_size": 4,
+        "normalize_advantages": True,
     }
 
     gamma: float | None = None
@@ -69,8 +70,10 @@ class PPOConfig(ModeDefaults):
     entropy_coef: float | None = None
     """Weight of the entropy bonus on Flow-Noise's learned std; unset: 0.005. Refused
     under Flow-SDE, whose std is fixed (the bonus has no gradient there)."""
-    normalize_advantages: bool = True
-    """Zero-mean, unit-std advantages per mini-batch."""
+    normalize_advantages: bool | None = None
+    """Zero-mean, unit-std advantages per mini-batch; unset: true. With a critic only:
+    critic-free advantages are normalised within their groups already, and re-centring
+    them over a mini-batch would give a group of equal returns a non-zero advantage."""
     actor_lr: float = 3e-4
     """Learning rate of the encoder, velocity and noise networks."""
     critic_lr: float | None = None
@@ -112,6 +115,11 @@ class PPOConfig(ModeDefaults):
             critic += ("critic_lr", "critic_max_grad_norm")
             require_unset({n: getattr(self, n) for n in critic}, "critic_free: true (no critic)")
             require(not self.critic_warmup, "critic_warmup", "critic-free training has no critic to warm up")
+            require_unset(
+                {"normalize_advantages": self.normalize_advantages},
+                "critic_free: true (the group advantages are normalised already; a mini-batch's mean would give "
+                "a group of equal returns a non-zero advantage)",
+            )
         else:
             require_unset({"group_size": self.group_size}, "critic_free: false (one episode per initial state)")
         if self.value_clip is None:
