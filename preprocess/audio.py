@@ -3,8 +3,8 @@
 torchaudio and torchcodec wheels are CUDA builds that fail to load on CPU-only
 machines, so PyAV does the decoding and resampling everywhere.
 
-Any channel layout (mono, stereo, 5.1, ...) is mixed down to mono and any rate
-resampled to 16 kHz. Bad samples are normalized and reported, never passed on:
+Any channel layout (mono, stereo, 5.1, ...) is mixed down to mono, the mean of its
+channels, and any rate resampled to 16 kHz. Bad samples are normalized and reported, never passed on:
 NaN and infinite samples become silence, samples beyond full scale are clipped, and
 a clip shorter than ``MIN_SECONDS`` is padded with silence so that the audio
 encoders get at least one frame to pool.
@@ -72,17 +72,20 @@ def decode_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int =
             if not container.streams.audio:
                 raise NoAudioStream(f"{path}: no audio stream")
             stream = container.streams.audio[0]
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+            # the channels kept through the resampler, then averaged (as librosa's mono
+            # reading, which the Qwen audio models' own loaders use): FFmpeg's downmix to
+            # mono sums them at 0.707 each, 3 dB hot for stereo and clipping for 5.1
+            resampler = av.AudioResampler(format="fltp", layout=None, rate=sample_rate)
             frames = container.decode(stream)
             for frame in frames:
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    chunks.append(out.to_ndarray().mean(axis=0))
                     have += chunks[-1].size
                 if have >= limit:
                     break
             else:
                 for out in resampler.resample(None):  # flush the resampler's delay line
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    chunks.append(out.to_ndarray().mean(axis=0))
                     have += chunks[-1].size
             # how far the stream goes on past the limit, looked at only as far as it takes to tell
             past = max(have - limit, 0) / sample_rate

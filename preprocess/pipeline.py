@@ -71,7 +71,7 @@ class Budgets:
             return {"video": self.video.key()}
         if kind == "image":
             return {"image": self.image.key()}
-        return {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds}
+        return {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds, "mono": "channel mean"}
 
     def all_params(self) -> dict:
         return {k: self.params(k) for k in ("video", "image", "audio")}

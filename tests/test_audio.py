@@ -41,6 +41,19 @@ def test_any_rate_and_layout_becomes_16k_mono(tmp_path, rate, channels):
     assert np.isfinite(wave).all() and 0.1 < np.abs(wave).max() <= 1.0
 
 
+@pytest.mark.parametrize("channels", [2, 6])
+def test_every_layout_mixes_down_to_the_mean_of_its_channels(tmp_path, caplog, channels):
+    """The same sound in every channel comes out at its own level: FFmpeg's mono
+    downmix summed the channels at 0.707 each (a 0.9 stereo tone came out at 1.27 and
+    was clipped, 5.1 at 3.1 times the level)."""
+    signal = tone(1.0, amplitude=0.9, sample_rate=44_100)
+    mono = read_audio(write_wav(tmp_path / "mono.wav", signal, sample_rate=44_100))
+    with caplog.at_level(logging.WARNING):
+        mixed = read_audio(write_wav(tmp_path / "many.wav", signal, sample_rate=44_100, channels=channels))
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # nothing clipped
+    np.testing.assert_allclose(mixed, mono, atol=1e-6)
+
+
 def test_nan_infinite_and_clipped_samples_are_normalized_and_reported(tmp_path, caplog):
     samples = tone(1.0, amplitude=3.0)  # three times full scale
     samples[100:110] = np.nan
