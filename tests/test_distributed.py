@@ -195,6 +195,9 @@ def test_grpo_on_two_processes_equals_one(tmp_path, vowels, grpo_single, strateg
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
         assert a["response/length_mean"] == b["response/length_mean"]
+        # the ratio diagnostics pool every rank's tokens (not a mean of the ranks' means)
+        for key in ("loss/clip_fraction", "loss/ratio_mean", "loss/ratio_max"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
         # ddp runs the prompt's backward in one call with the completions', and says so
         assert (a["update/prompt_backward_apart"], b["update/prompt_backward_apart"]) == (1.0, float(strategy != "ddp"))
 

@@ -492,6 +492,47 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
         torch.testing.assert_close(results[1][name], value, atol=1e-5, rtol=1e-5)
 
 
+def test_update_diagnostics_pool_every_token_whatever_the_micro_batches(tiny_checkpoint, family_prompts):
+    """loss/clip_fraction, ratio_mean and ratio_max are over the update's valid tokens:
+    split into micro-batches of 24 and 12 tokens, the same update logs what one
+    forward logs (the micro-batches' own means, averaged alike, weighed 12 tokens as
+    24; the maxima were averaged)."""
+    from omni_rl.engine.config import SGDConfig
+    from omni_rl.engine.engine import TrainingEngine
+    from omni_rl.models import load
+    from omni_rl.models.inputs import collate_prompts
+    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
+
+    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
+    pad = processor.tokenizer.pad_token_id
+    encoded = [dict(family_prompts("qwen2_5_vl", processor, only=i)) for i in range(2)]
+    rollouts = HFRolloutEngine(model, processor).generate(
+        collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[3, 4]
+    )
+    mask = torch.ones_like(rollouts.completion_mask)
+    mask[4:, 3:] = 0  # the second group's completions hold 3 tokens each
+    advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4])
+    prompt = max(e["input_ids"].shape[-1] for e in encoded)
+    logged = []
+    for budget in (0, prompt + 4 * 6):  # the second runs one group per forward
+        model, _ = load(tiny_checkpoint("qwen2_5_vl"))
+        model.train()
+        overrides = ["data.train=x", "rollout.n=4", "rollout.max_new_tokens=6", "algorithm.epochs=2"]
+        cfg = load_config(
+            None, [*overrides, "trainer.max_grad_norm=0", f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo"
+        )
+        engine = TrainingEngine(
+            model, SGDConfig(lr=2.0, momentum=0.0), torch.device("cpu"), total_steps=2, max_grad_norm=0
+        )
+        stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, True)
+        assert stats["update/micro_batches"] == (2 if budget else 1)
+        logged.append(stats)
+    assert logged[0]["loss/ratio_max"] > 1.01 and logged[0]["loss/clip_fraction"] > 0  # the second epoch moved
+    for key in ("loss/clip_fraction", "loss/ratio_mean", "loss/ratio_max"):
+        assert logged[1][key] == pytest.approx(logged[0][key], abs=1e-5), key
+
+
 def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
     """data.eval with a rows file and a benchmark preset: eval rows at steps 2 and 4
     (eval_every 2), written even where log_every would skip them, results per step,
@@ -620,16 +661,16 @@ def test_gspo_clips_at_its_own_defaults_unless_set():
     # s = 1.001 with A = +1: GSPO's 1 + 4e-4 clips it to -1.0004; s = 0.999 with A = -1: 1 - 3e-4 -> 0.9997
     cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo"], recipe="grpo")
     up, down, mask = torch.full((1, 2), math.log(1.001)), torch.full((1, 2), math.log(0.999)), torch.ones(1, 2)
-    loss, _, means = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
-    assert loss.item() == pytest.approx(-1.0004, abs=1e-7) and means["loss/clip_fraction"] == 1.0
+    loss, _, stats = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    assert loss.item() == pytest.approx(-1.0004, abs=1e-7) and stats.clip_fraction == 1.0
     loss, _, _ = grpo._policy_loss(_out(down), torch.zeros(1, 2), None, torch.tensor([-1.0]), mask, 1.0, cfg)
     assert loss.item() == pytest.approx(0.9997, abs=1e-7)
     assert cfg.algorithm.clip_range == (3e-4, 4e-4)
     # set explicitly, PPO's 0.28 leaves 1.001 alone
     cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo", "algorithm.eps_high=0.28"], recipe="grpo")
     assert cfg.algorithm.clip_range == (3e-4, 0.28)
-    loss, _, means = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
-    assert loss.item() == pytest.approx(-1.001, abs=1e-7) and means["loss/clip_fraction"] == 0.0
+    loss, _, stats = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    assert loss.item() == pytest.approx(-1.001, abs=1e-7) and stats.clip_fraction == 0.0
     # the clipped loss keeps PPO's clips with clip-higher
     assert load_config(None, ["data.train=x"], recipe="grpo").algorithm.clip_range == (0.2, 0.28)
 

@@ -81,6 +81,9 @@ class PolicyLossStats:
     """Largest importance ratio (1 without a valid element)."""
     approx_kl: float
     """Mean of (r - 1) - log r, an estimate of KL(pi_old || pi) (Schulman's k3)."""
+    elements: int
+    """How many valid elements the fractions and means are over (to pool several
+    batches' stats: weigh each by it)."""
 
 
 def clipped_policy_loss(
@@ -132,6 +135,7 @@ def clipped_policy_loss(
             ratio_mean=_masked_mean(ratio, m),
             ratio_max=float(ratio[m].max()) if m.any() else 1.0,
             approx_kl=_masked_mean((ratio - 1) - (logp - old_logp), m),
+            elements=int(m.sum()),
         )
     return loss, stats
 
@@ -176,6 +180,7 @@ def gspo_policy_loss(
             ratio_mean=_masked_mean(ratio, present),
             ratio_max=float(ratio[present].max()) if present.any() else 1.0,
             approx_kl=_masked_mean((ratio - 1) - log_ratio, present),
+            elements=int(present.sum()),
         )
     return loss, stats
 

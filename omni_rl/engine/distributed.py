@@ -144,13 +144,14 @@ def all_sum(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
-def all_max(value: int) -> int:
-    """The largest ``value`` of any rank."""
+def all_max(value: int | float) -> int | float:
+    """The largest ``value`` of any rank (an int or a float, as given)."""
     if not ranks().distributed:
         return value
-    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    kind = int if isinstance(value, int) else float
+    tensor = torch.tensor([value], dtype=torch.int64 if kind is int else torch.float64, device=_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_TRAINERS)
-    return int(tensor.item())
+    return kind(tensor.item())
 
 
 def all_ranks(flag: torch.Tensor) -> bool:

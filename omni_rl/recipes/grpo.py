@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -29,7 +30,13 @@ from omni_rl.algorithms.correction import (
     sequence_tis_weights,
     tis_weights,
 )
-from omni_rl.algorithms.losses import aggregate, clipped_policy_loss, gspo_policy_loss, kl_estimate
+from omni_rl.algorithms.losses import (
+    PolicyLossStats,
+    aggregate,
+    clipped_policy_loss,
+    gspo_policy_loss,
+    kl_estimate,
+)
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.data.dataset import Sample
 from omni_rl.engine import distributed
@@ -226,9 +233,44 @@ def _collect(
     return batch, concat_rollouts(parts, pad), results, torch.cat(rewards), filtered
 
 
+class PooledRatios:
+    """The policy loss's ratio diagnostics of an update, pooled over every micro-batch
+    and rank of each mini-batch (weighed by their valid tokens; an empty one counts
+    nowhere), then averaged over the mini-batches; the largest ratio of them all."""
+
+    def __init__(self):
+        self.sums: dict[int, list[float]] = {}
+        self.largest = -math.inf
+
+    def add(self, mini_batch: int, stats: PolicyLossStats) -> None:
+        if not stats.elements:
+            return
+        n = stats.elements
+        total = self.sums.setdefault(mini_batch, [0.0, 0.0, 0.0])
+        total[0] += stats.clip_fraction * n
+        total[1] += stats.ratio_mean * n
+        total[2] += n
+        self.largest = max(self.largest, stats.ratio_max)
+
+    def metrics(self, mini_batches: int) -> dict:
+        """``loss/clip_fraction``, ``loss/ratio_mean``, ``loss/ratio_max`` over every
+        rank (every rank calls this: two collectives)."""
+        flat = distributed.all_sum([x for j in range(mini_batches) for x in self.sums.get(j, [0.0, 0.0, 0.0])])
+        pooled = [flat[3 * j : 3 * j + 3] for j in range(mini_batches) if flat[3 * j + 2]]
+        largest = distributed.all_max(float(self.largest))
+        if not pooled:  # no valid token anywhere
+            return {"loss/clip_fraction": 0.0, "loss/ratio_mean": 1.0, "loss/ratio_max": 1.0}
+        return {
+            "loss/clip_fraction": sum(c / n for c, _, n in pooled) / len(pooled),
+            "loss/ratio_mean": sum(r / n for _, r, n in pooled) / len(pooled),
+            "loss/ratio_max": largest,
+        }
+
+
 def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig, tis=None):
     """This micro-batch's share of its mini-batch's loss (sums divided by the whole
-    mini-batch's ``denominator`` over every rank), and its diagnostics; ``tis``: the
+    mini-batch's ``denominator`` over every rank), and the policy loss's diagnostics
+    (``PolicyLossStats``); ``tis``: the
     rollout correction's weights (per token [N, L], per sequence [N] for GSPO), or None.
     The policy, KL and entropy terms share one aggregation and one fixed length
     (``max_new_tokens``, not this micro-batch's trimmed width)."""
@@ -241,11 +283,6 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
             out.logp, old_logp, adv, mask, eps_low, eps_high, algo.dual_clip, mode, length, denominator, tis
         )
     sums = {"loss/policy": loss.item()}
-    means = {
-        "loss/clip_fraction": stats.clip_fraction,
-        "loss/ratio_mean": stats.ratio_mean,
-        "loss/ratio_max": stats.ratio_max,
-    }
     if ref_logp is not None and not algo.kl_in_reward:
         kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, mode, length, denominator)
         loss = loss + algo.kl_coef * kl
@@ -254,7 +291,7 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
         entropy = aggregate(out.entropy, mask, mode, length, denominator)
         loss = loss - algo.entropy_coef * entropy
         sums["actor/entropy"] = entropy.item()
-    return loss, sums, means
+    return loss, sums, stats
 
 
 def _width(mask: torch.Tensor, rows: list[int]) -> int:
@@ -745,7 +782,7 @@ def _update(
                 dropped += int((~keep & mask[rows].bool().any(-1)).sum())
                 loss_mask[rows] *= keep[:, None].to(mask.dtype)
     sums: dict[str, float] = {}
-    means: dict[str, list[float]] = {}
+    pooled = PooledRatios()
     mismatch = MismatchSums(0.0, 0.0, 0.0, 0.0)
     grad_norms = []
     entropy = _entropy_mode(cfg, logged)
@@ -784,7 +821,7 @@ def _update(
                 if correction == "tis":
                     weigh = sequence_tis_weights if algo.loss == "gspo" else tis_weights
                     tis = weigh(ratio, loss_mask[rows, :width], cap)
-                loss, part_sums, part_means = _policy_loss(
+                loss, part_sums, part_stats = _policy_loss(
                     out, old_logp, ref.get((m, i)), advantages[rows], loss_mask[rows, :width], denominator, cfg, tis
                 )
                 engine.backward(loss * weight, out.prompt)
@@ -792,8 +829,7 @@ def _update(
                 for key, value in part_sums.items():
                     sums[key] = sums.get(key, 0.0) + value * weight
                 if weight:
-                    for key, value in part_means.items():
-                        means.setdefault(key, []).append(value)
+                    pooled.add(m + epoch * len(plan), part_stats)
             grad_norms.append(engine.step().grad_norm)  # global: the same on every rank
     keys = sorted(sums)
     totals = distributed.all_sum([sums[k] for k in keys])
@@ -804,7 +840,7 @@ def _update(
     stats["update/prefill_reused"] = float(reused)
     if engine.tied_grad_in_place is not None:
         stats["update/tied_grad_in_place"] = float(engine.tied_grad_in_place)
-    stats.update(distributed.mean_metrics({k: sum(v) / len(v) for k, v in means.items()}))
+    stats.update(pooled.metrics(len(grad_norms)))
     stats.update(_mismatch_metrics(mismatch, dropped, float(mask.bool().any(-1).sum()), correction))
     return stats
 
