@@ -150,6 +150,20 @@ def test_mismatch_sums_worked_by_hand():
     assert sums.over_cap == 1  # e^0.5 = 1.65 > 1.5
 
 
+def test_gspo_counts_capped_sequences_where_its_cap_is_per_sequence():
+    """Under GSPO the truncation caps each sequence's geometric-mean ratio: a sequence of
+    token ratios 3, 1/3, 3, 1/3 (mean 1, weight 1) is not capped though half its tokens
+    are over the cap; a sequence at 3, 3 is. The token-level loss counts tokens."""
+    r = torch.log(torch.tensor([[3.0, 1 / 3, 3.0, 1 / 3], [3.0, 3.0, 1.0, 1.0]]))
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    sums = mismatch_sums(r * mask, mask, cap=2.0)
+    assert sequence_tis_weights(r * mask, mask, cap=2.0).tolist() == pytest.approx([1.0, 2.0])
+    gspo = grpo._mismatch_metrics(sums, 0, 2.0, "tis", per_sequence=True)
+    assert gspo["rollout/tis_capped_fraction"] == 0.5  # the second sequence of two
+    tokens = grpo._mismatch_metrics(sums, 0, 2.0, "tis", per_sequence=False)
+    assert tokens["rollout/tis_capped_fraction"] == 4 / 6
+
+
 def test_tis_weights_and_sequence_masks_follow_their_formulas():
     r = torch.tensor([[0.1, 1.0, -0.3], [0.2, 0.2, 0.2]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])

@@ -11,7 +11,7 @@ mismatch. Shapes: N sequences, L completion tokens; ``mask`` is 1 on real tokens
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -25,21 +25,19 @@ def log_ratio(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torc
 class MismatchSums:
     """Sums over real tokens (add them over micro-batches and ranks, then divide by
     ``tokens``): |log pi - log mu|; k3 = r - 1 - log r with r = pi/mu, the estimator
-    of KL(mu || pi) from samples of mu (unbiased, never negative); and how many tokens
-    have r above the correction's cap."""
+    of KL(mu || pi) from samples of mu (unbiased, never negative); how many tokens
+    have r above the correction's cap; and of the sequences holding a real token, how
+    many have their geometric-mean r above it (what GSPO's per-sequence truncation caps)."""
 
-    abs_diff: float
-    k3: float
-    tokens: float
-    over_cap: float
+    abs_diff: float = 0.0
+    k3: float = 0.0
+    tokens: float = 0.0
+    over_cap: float = 0.0
+    sequences: float = 0.0
+    sequences_over_cap: float = 0.0
 
     def __add__(self, other: MismatchSums) -> MismatchSums:
-        return MismatchSums(
-            self.abs_diff + other.abs_diff,
-            self.k3 + other.k3,
-            self.tokens + other.tokens,
-            self.over_cap + other.over_cap,
-        )
+        return MismatchSums(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def mismatch_sums(ratio_log: torch.Tensor, mask: torch.Tensor, cap: float) -> MismatchSums:
@@ -47,7 +45,17 @@ def mismatch_sums(ratio_log: torch.Tensor, mask: torch.Tensor, cap: float) -> Mi
     m, ratio_log = mask.float(), ratio_log.detach()
     k3 = (torch.exp(ratio_log) - 1 - ratio_log) * m
     over = ((ratio_log > math.log(cap)).float() * m).sum()
-    return MismatchSums(float((ratio_log.abs() * m).sum()), float(k3.sum()), float(m.sum()), float(over))
+    present = mask.bool().any(-1)
+    mean_log = (ratio_log * m).sum(-1) / m.sum(-1).clamp(min=1)
+    sequences_over = ((mean_log > math.log(cap)) & present).sum()
+    return MismatchSums(
+        float((ratio_log.abs() * m).sum()),
+        float(k3.sum()),
+        float(m.sum()),
+        float(over),
+        float(present.sum()),
+        float(sequences_over),
+    )
 
 
 def tis_weights(ratio_log: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:

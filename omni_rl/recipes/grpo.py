@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from functools import partial
 
 import torch
@@ -783,7 +783,7 @@ def _update(
                 loss_mask[rows] *= keep[:, None].to(mask.dtype)
     sums: dict[str, float] = {}
     pooled = PooledRatios()
-    mismatch = MismatchSums(0.0, 0.0, 0.0, 0.0)
+    mismatch = MismatchSums()
     grad_norms = []
     entropy = _entropy_mode(cfg, logged)
     for epoch in range(algo.epochs):
@@ -841,19 +841,24 @@ def _update(
     if engine.tied_grad_in_place is not None:
         stats["update/tied_grad_in_place"] = float(engine.tied_grad_in_place)
     stats.update(pooled.metrics(len(grad_norms)))
-    stats.update(_mismatch_metrics(mismatch, dropped, float(mask.bool().any(-1).sum()), correction))
+    sequences = float(mask.bool().any(-1).sum())
+    stats.update(_mismatch_metrics(mismatch, dropped, sequences, correction, per_sequence=algo.loss == "gspo"))
     return stats
 
 
-def _mismatch_metrics(sums: MismatchSums, dropped: int, sequences: float, correction: str) -> dict:
-    """The rollout/trainer mismatch over every rank's tokens, and what the correction did."""
-    abs_diff, k3, tokens, over_cap, dropped, sequences = distributed.all_sum(
-        [sums.abs_diff, sums.k3, sums.tokens, sums.over_cap, float(dropped), sequences]
+def _mismatch_metrics(
+    sums: MismatchSums, dropped: int, sequences: float, correction: str, per_sequence: bool = False
+) -> dict:
+    """The rollout/trainer mismatch over every rank's tokens, and what the correction did
+    (``per_sequence``: the truncation caps sequences, GSPO's, and its share counts them)."""
+    abs_diff, k3, tokens, over_cap, sampled, sampled_over, dropped, sequences = distributed.all_sum(
+        [*astuple(sums), float(dropped), sequences]
     )
     tokens = max(tokens, 1.0)
     row = {"rollout/logp_abs_diff": abs_diff / tokens, "rollout/kl_k3": k3 / tokens}
     if correction == "tis":
-        row["rollout/tis_capped_fraction"] = over_cap / tokens
+        capped = sampled_over / max(sampled, 1.0) if per_sequence else over_cap / tokens
+        row["rollout/tis_capped_fraction"] = capped
     if correction == "mask":
         row["rollout/masked_fraction"] = dropped / max(sequences, 1.0)
     return row
