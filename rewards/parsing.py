@@ -49,7 +49,7 @@ NUMBER = re.compile(
 # "a × 10^b" (× written ×, \\times, \\cdot, · or *; the power ^ or **, its exponent in
 # braces or not) and "10^b" alone, read as one number "aeb".
 TIMES_TEN_TO = re.compile(
-    r"(?:(\d(?:[\d,]*\d)?(?:\.\d+)?)\s*(?:×|\\times|\\cdot|·|\*)\s*)?"
+    r"(?:(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s*(?:×|\\times|\\cdot|·|\*)\s*)?"
     r"(?<![\w.])10\s*(?:\^|\*\*)\s*(\{)?\s*([-+−]?\d{1,4})\s*(?(2)\})"
 )
 # A whole word: "someone" and "twenty-one" hold none.
