@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal
 
 from omni_rl.rewards.base import Target, register
 from omni_rl.rewards.parsing import parse_integer, parse_number
@@ -27,10 +27,24 @@ def _validate_number(target: Target) -> None:
     _gold_number(target)
 
 
+# digits enough for any finite float at any rounding numbers_match asks for (1e308 to
+# 2 decimals, 5e-324 to its 2 significant digits)
+EXACT = Context(prec=800, rounding=ROUND_HALF_UP)
+
+
+def rounded(value: float, decimals: int) -> Decimal:
+    """``value`` as the decimal it is written as, rounded half up (2.675 -> 2.68, where
+    binary rounding gives 2.67)."""
+    return Decimal(repr(value)).quantize(Decimal(1).scaleb(-decimals), context=EXACT)
+
+
 def numbers_match(predicted: float, gold: float, rel_tol: float | None, abs_tol: float | None) -> bool:
-    """Equal within the tolerances, or (with none given) equal after rounding to 2 decimals."""
+    """Equal within the tolerances, or (with none given) equal after rounding to 2
+    decimals, or to the gold's 2 significant digits where that is finer (a gold under
+    0.1: 6.67e-11 is not matched by 9e-11, as both would be 0.00)."""
     if rel_tol is None and abs_tol is None:
-        return round(predicted, 2) == round(gold, 2)
+        decimals = 2 if gold == 0 else max(2, 1 - math.floor(math.log10(abs(gold))))
+        return rounded(predicted, decimals) == rounded(gold, decimals)
     return math.isclose(predicted, gold, rel_tol=rel_tol or 0.0, abs_tol=abs_tol or 0.0)
 
 
