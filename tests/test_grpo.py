@@ -454,9 +454,11 @@ def test_pack_by_tokens_fills_each_micro_batch_under_its_budget():
     assert all(len(b) <= 1 for b in pack_by_tokens(lengths, budget=10_000, max_items=1))
 
 
-def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint, family_prompts):
-    """Packed under trainer.max_tokens_per_microbatch, the two groups run as two
-    accumulated forwards and give the one-forward update within 1e-5."""
+def _update_in_one_and_two_forwards(tiny_checkpoint, family_prompts, overrides, lr, short_second_group=False):
+    """grpo._update of two prompts' groups of 4 rollouts (6 new tokens) from the same
+    start, in one forward and then one group per forward (trainer.max_tokens_per_
+    microbatch): each run's (stats, parameters after). ``short_second_group``: the
+    loss mask keeps 3 tokens of the second group's completions and all 6 of the first's."""
     from omni_rl.engine.config import SGDConfig
     from omni_rl.engine.engine import TrainingEngine
     from omni_rl.models import load
@@ -469,6 +471,10 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
     rollouts = HFRolloutEngine(model, processor).generate(
         collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[3, 4]
     )
+    mask = rollouts.completion_mask
+    if short_second_group:
+        mask = torch.ones_like(mask)
+        mask[4:, 3:] = 0
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
     batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4])
     prompt = max(e["input_ids"].shape[-1] for e in encoded)
@@ -476,20 +482,28 @@ def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint
     for budget in (0, prompt + 4 * 6):  # the second fits one group per forward
         model, _ = load(tiny_checkpoint("qwen2_5_vl"))
         model.train()
-        overrides = ["data.train=x", "rollout.n=4", "algorithm.epochs=1", "trainer.max_grad_norm=0"]
-        cfg = load_config(None, [*overrides, f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo")
+        settings = ["data.train=x", "rollout.n=4", "rollout.max_new_tokens=6", "trainer.max_grad_norm=0", *overrides]
+        cfg = load_config(None, [*settings, f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo")
+        steps = cfg.algorithm.epochs
         engine = TrainingEngine(
-            model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0
+            model, SGDConfig(lr=lr, momentum=0.0), torch.device("cpu"), total_steps=steps, max_grad_norm=0
         )
-        stats = grpo._update(engine, None, batch, rollouts, rollouts.completion_mask, advantages, pad, cfg, True)
+        stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, True)
         assert stats["update/micro_batches"] == (2 if budget else 1) and stats["update/prompt_backward_apart"] == 1.0
-        results.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    moved = sum(
-        float((results[0][n] - p).abs().sum()) for n, p in load(tiny_checkpoint("qwen2_5_vl"))[0].named_parameters()
-    )
+        results.append((stats, {n: p.detach().clone() for n, p in model.named_parameters()}))
+    return results
+
+
+def test_token_budget_micro_batches_give_the_update_of_one_batch(tiny_checkpoint, family_prompts):
+    """Packed under trainer.max_tokens_per_microbatch, the two groups run as two
+    accumulated forwards and give the one-forward update within 1e-5."""
+    from omni_rl.models import load
+
+    (_, one), (_, two) = _update_in_one_and_two_forwards(tiny_checkpoint, family_prompts, ["algorithm.epochs=1"], 0.5)
+    moved = sum(float((one[n] - p).abs().sum()) for n, p in load(tiny_checkpoint("qwen2_5_vl"))[0].named_parameters())
     assert moved > 0
-    for name, value in results[0].items():
-        torch.testing.assert_close(results[1][name], value, atol=1e-5, rtol=1e-5)
+    for name, value in one.items():
+        torch.testing.assert_close(two[name], value, atol=1e-5, rtol=1e-5)
 
 
 def test_update_diagnostics_pool_every_token_whatever_the_micro_batches(tiny_checkpoint, family_prompts):
@@ -497,40 +511,12 @@ def test_update_diagnostics_pool_every_token_whatever_the_micro_batches(tiny_che
     split into micro-batches of 24 and 12 tokens, the same update logs what one
     forward logs (the micro-batches' own means, averaged alike, weighed 12 tokens as
     24; the maxima were averaged)."""
-    from omni_rl.engine.config import SGDConfig
-    from omni_rl.engine.engine import TrainingEngine
-    from omni_rl.models import load
-    from omni_rl.models.inputs import collate_prompts
-    from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
-
-    model, processor = load(tiny_checkpoint("qwen2_5_vl"))
-    pad = processor.tokenizer.pad_token_id
-    encoded = [dict(family_prompts("qwen2_5_vl", processor, only=i)) for i in range(2)]
-    rollouts = HFRolloutEngine(model, processor).generate(
-        collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[3, 4]
+    (one, _), (two, _) = _update_in_one_and_two_forwards(
+        tiny_checkpoint, family_prompts, ["algorithm.epochs=2"], 2.0, short_second_group=True
     )
-    mask = torch.ones_like(rollouts.completion_mask)
-    mask[4:, 3:] = 0  # the second group's completions hold 3 tokens each
-    advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
-    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4])
-    prompt = max(e["input_ids"].shape[-1] for e in encoded)
-    logged = []
-    for budget in (0, prompt + 4 * 6):  # the second runs one group per forward
-        model, _ = load(tiny_checkpoint("qwen2_5_vl"))
-        model.train()
-        overrides = ["data.train=x", "rollout.n=4", "rollout.max_new_tokens=6", "algorithm.epochs=2"]
-        cfg = load_config(
-            None, [*overrides, "trainer.max_grad_norm=0", f"trainer.max_tokens_per_microbatch={budget}"], recipe="grpo"
-        )
-        engine = TrainingEngine(
-            model, SGDConfig(lr=2.0, momentum=0.0), torch.device("cpu"), total_steps=2, max_grad_norm=0
-        )
-        stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, True)
-        assert stats["update/micro_batches"] == (2 if budget else 1)
-        logged.append(stats)
-    assert logged[0]["loss/ratio_max"] > 1.01 and logged[0]["loss/clip_fraction"] > 0  # the second epoch moved
+    assert one["loss/ratio_max"] > 1.01 and one["loss/clip_fraction"] > 0  # the second epoch moved
     for key in ("loss/clip_fraction", "loss/ratio_mean", "loss/ratio_max"):
-        assert logged[1][key] == pytest.approx(logged[0][key], abs=1e-5), key
+        assert two[key] == pytest.approx(one[key], abs=1e-5), key
 
 
 def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
