@@ -4,10 +4,10 @@ torchaudio and torchcodec wheels are CUDA builds that fail to load on CPU-only
 machines, so PyAV does the decoding and resampling everywhere.
 
 Any channel layout (mono, stereo, 5.1, ...) is mixed down to mono, the mean of its
-channels, and any rate resampled to 16 kHz. Bad samples are normalized and reported, never passed on:
-NaN and infinite samples become silence, samples beyond full scale are clipped, and
-a clip shorter than ``MIN_SECONDS`` is padded with silence so that the audio
-encoders get at least one frame to pool.
+channels, and any rate resampled to 16 kHz. Bad samples are normalized and reported,
+never passed on: NaN and infinite samples become silence, samples beyond full scale
+are clipped, and a clip shorter than ``MIN_SECONDS`` is padded with silence so that
+the audio encoders get at least one frame to pool.
 """
 
 from __future__ import annotations
