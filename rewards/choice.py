@@ -438,14 +438,20 @@ FALSE = {"no", "n", "false", "f", "0", "incorrect", "wrong", "nope", "negative",
 
 
 STRONG = {"yes": True, "true": True, "no": False, "false": False}
+# an answer label, read after punctuation is dropped: "Correct answer: no", "The answer
+# is yes", "Final answer: false" ("correct" there names the answer, it does not affirm)
+ANSWER_LABEL = re.compile(r"(?:(?:the|my) )?(?:(?:correct|final|best|right) )?answer(?: is)?(?: |$)")
 
 
 def parse_bool(text) -> bool | None:
     """yes/no, true/false, 1/0 and their common forms, alone or leading a sentence
-    ("Yes, it is."); a hedge naming both ("yes and no") is no answer."""
+    ("Yes, it is."), or after an answer label ("Correct answer: no"); a hedge naming
+    both ("yes and no") is no answer."""
     if isinstance(text, bool):
         return text
     norm = normalize_text(str(text))
+    if label := ANSWER_LABEL.match(norm):
+        norm = norm[label.end() :]
     if norm in TRUE:
         return True
     if norm in FALSE:
