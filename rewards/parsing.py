@@ -10,6 +10,7 @@ import json
 import math
 import re
 import unicodedata
+from dataclasses import dataclass
 from fractions import Fraction
 
 NUMBER_WORDS = {
@@ -191,25 +192,64 @@ def _bracketed(text: str, pattern: re.Pattern) -> set[tuple[float, ...]]:
 # ------------------------------------------------------------------------ time spans
 
 CLOCK = re.compile(r"(?<![\d:])(?:(\d{1,2}):)?(\d{1,2}):(\d{2}(?:\.\d+)?)(?![\d:])")
-# seconds, with an optional unit glued on ("5s", "5sec"); not part of "1.2.3" or "5th"
-SECONDS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:s|secs?)?(?!\w|\.\d)")
+# a number and its unit, glued ("5s", "2min", "1m30s") or after a space ("2 minutes",
+# "1 s"); no unit is seconds. Not part of "1.2.3", "5th" or "5 so"
+QUANTITY = re.compile(
+    r"(?:(?<![\w.])|(?<=\d[hm]))(\d+(?:\.\d+)?)"
+    r"(?:(h|hrs?|m|mins?|s|secs?)(?![^\W\d])|(?: (hours?|hrs?|h|minutes?|mins?|seconds?|secs?|s))(?!\w)|(?!\w|\.\d))"
+)
+UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}  # by the unit's first letter
+# what may join the parts of one time: "1 minute 30 seconds", "1 min, 30 s", "1h and 5m"
+COMPOUND_GAP = re.compile(r" ?(?:,|and)? ?")
 BRACKETED_SPAN = re.compile(rf"[\[(]\s*({PLAIN_NUMBER})\s*,\s*({PLAIN_NUMBER})\s*[\])]")
 SPAN_PAIRS = (("start", "end"), ("start_time", "end_time"))
 SPAN_KEYS = ("time", "timestamp", "timestamps", "span", "segment")
 
 
+@dataclass
+class _Time:
+    """A time as written: where it is, its value in its unit and the unit's seconds
+    (None when no unit was written; 1 for a clock)."""
+
+    start: int
+    end: int
+    value: float
+    unit: int | None
+
+
+def _written_times(text: str) -> list[_Time]:
+    """The clocks and numbers of ``text`` in order, each with its own unit, if any."""
+    times = [
+        _Time(m.start(), m.end(), int(m.group(1) or 0) * 3600 + int(m.group(2)) * 60 + float(m.group(3)), 1)
+        for m in CLOCK.finditer(text)
+    ]
+    clocks = [(t.start, t.end) for t in times]
+    for m in QUANTITY.finditer(text):
+        if not any(a <= m.start() < b for a, b in clocks):
+            unit = m.group(2) or m.group(3)
+            times.append(_Time(m.start(), m.end(), float(m.group(1)), unit and UNIT_SECONDS[unit[0]]))
+    return sorted(times, key=lambda t: t.start)
+
+
 def _seconds_values(text: str) -> list[float]:
-    """Times in order of appearance: hh:mm:ss / mm:ss clocks, then plain numbers."""
-    values: list[tuple[int, float]] = []
-    taken = []
-    for m in CLOCK.finditer(text):
-        hours = int(m.group(1) or 0)
-        values.append((m.start(), hours * 3600 + int(m.group(2)) * 60 + float(m.group(3))))
-        taken.append((m.start(), m.end()))
-    for m in SECONDS.finditer(text):
-        if not any(a <= m.start() < b for a, b in taken):
-            values.append((m.start(), float(m.group(1))))
-    return [v for _, v in sorted(values)]
+    """Times in seconds, in order of appearance: hh:mm:ss / mm:ss clocks and numbers
+    with or without a unit (hours, minutes, seconds; none is seconds). A number
+    without one takes the unit of the time right after it when that one has its own
+    ("from 1 to 2 minutes"), and larger units followed by smaller ones make one time
+    ("1 minute 30 seconds", "1m30s")."""
+    merged: list[_Time] = []
+    for t in _written_times(text):
+        last = merged[-1] if merged else None
+        joined = last is not None and last.unit and t.unit and last.unit > t.unit
+        if joined and COMPOUND_GAP.fullmatch(text[last.end : t.start]):
+            merged[-1] = _Time(last.start, t.end, last.value * last.unit / t.unit + t.value, t.unit)
+        else:
+            merged.append(t)
+    seconds = []
+    for i, t in enumerate(merged):
+        unit = t.unit or (merged[i + 1].unit if i + 1 < len(merged) and merged[i + 1].unit else 1)
+        seconds.append(t.value * unit)
+    return seconds
 
 
 def parse_time(value) -> float | None:
@@ -261,8 +301,9 @@ def parse_span(value) -> tuple[float, float] | None:
     ``start_time``/``end_time``, or ``time``/``timestamp``/``timestamps``/``span``/
     ``segment`` holding a span; such JSON inside a code fence; text with one bracketed
     pair or exactly two times ("from 2 to 4 seconds", "1 - 5 seconds", "from 1s to 5s",
-    "mm:ss to mm:ss"). Refused: several different spans, text with other than two
-    times and no single bracketed pair, end < start, a negative or non-finite start.
+    "mm:ss to mm:ss", "from 1 to 2 minutes", "1m30s - 2m"; see ``_seconds_values``).
+    Refused: several different spans, text with other than two times and no single
+    bracketed pair, end < start, a negative or non-finite start.
     """
     if isinstance(value, str):
         loaded = load_json(value)
