@@ -227,8 +227,9 @@ class Scorer:
         name: the problem type.
         judge: ``(prediction, target) -> accuracy | (accuracy, details)``, accuracy in
             [0, 1]; prediction is the extracted answer text (never empty).
-        fits: ``prediction -> bool``, whether the answer has the type's shape (a letter
-            for multiple choice, a number for numerical...); part of the format score.
+        fits: ``(prediction, target) -> bool``, whether the answer has the type's shape
+            for this row (one of its options for multiple choice, a number for
+            numerical...); part of the format score.
         validate: ``target -> None``, raises ValueError on a gold answer that could never
             be matched; run when a dataset loads.
         slow: scored in worker processes by ``score_batch`` (math).
@@ -236,7 +237,7 @@ class Scorer:
 
     name: str
     judge: Callable[[str, Target], float | tuple[float, dict]]
-    fits: Callable[[str], bool] = lambda prediction: True
+    fits: Callable[[str, Target], bool] = lambda prediction, target: True
     validate: Callable[[Target], None] | None = None
     slow: bool = False
 
@@ -257,7 +258,7 @@ class Scorer:
                 accuracy = float(accuracy)
                 if not 0.0 <= accuracy <= 1.0:  # a judge bug: reported, never clipped into range
                     raise ValueError(f"the {self.name} judge returned accuracy {accuracy}, outside [0, 1]")
-                fits = bool(self.fits(prediction))
+                fits = bool(self.fits(prediction, target))
             except Exception as err:  # noqa: BLE001 - model output must never crash a run
                 details["error"] = f"{type(err).__name__}: {err}"[:300]
                 accuracy = 0.0
@@ -275,14 +276,14 @@ def register(
     name: str,
     aliases: tuple[str, ...] = (),
     *,
-    fits: Callable[[str], bool] | None = None,
+    fits: Callable[[str, Target], bool] | None = None,
     validate: Callable[[Target], None] | None = None,
     slow: bool = False,
 ) -> Callable:
     """Decorator registering a judge as the scorer of problem type ``name``."""
 
     def decorate(judge: Callable) -> Callable:
-        SCORERS.register(name, aliases)(Scorer(name, judge, fits or (lambda prediction: True), validate, slow))
+        SCORERS.register(name, aliases)(Scorer(name, judge, fits or (lambda prediction, target: True), validate, slow))
         return judge
 
     return decorate

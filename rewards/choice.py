@@ -332,7 +332,7 @@ def _validate_choice(target: Target) -> None:
 @register(
     "multiple_choice",
     aliases=("multiple-choice", "mcq", "choice"),
-    fits=lambda p: parse_choice(p) is not None,
+    fits=lambda p, target: parse_choice(p, target.options) is not None,
     validate=_validate_choice,
 )
 def multiple_choice(prediction: str, target: Target) -> tuple[float, dict]:
@@ -386,7 +386,9 @@ def _validate_text(target: Target) -> None:
     gold_text(target)
 
 
-@register("choice_text", fits=lambda p: bool(p.strip()), validate=_validate_text)
+@register(
+    "choice_text", fits=lambda p, target: parse_choice_text(p, target.options) is not None, validate=_validate_text
+)
 def choice_text(prediction: str, target: Target) -> tuple[float, dict]:
     """Right when the answer is the gold option's text (case, punctuation and spacing
     aside; see ``parse_choice_text``); a letter is not an answer here."""
@@ -421,7 +423,9 @@ def parse_choice_words(prediction: str, options: list[str]) -> str | None:
     return None
 
 
-@register("choice_words", fits=lambda p: bool(p.strip()), validate=_validate_text)
+@register(
+    "choice_words", fits=lambda p, target: parse_choice_words(p, target.options) is not None, validate=_validate_text
+)
 def choice_words(prediction: str, target: Target) -> tuple[float, dict]:
     """MMAU's official rule: right when the answer holds every word of the gold option
     and none of the words only the other options have ("B. Woman" and "the speaker
@@ -474,7 +478,7 @@ def _validate_bool(target: Target) -> None:
 @register(
     "boolean",
     aliases=("yes_no", "bool", "true_false"),
-    fits=lambda p: parse_bool(p) is not None,
+    fits=lambda p, _: parse_bool(p) is not None,
     validate=_validate_bool,
 )
 def boolean(prediction: str, target: Target) -> tuple[float, dict]:

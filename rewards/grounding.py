@@ -37,7 +37,7 @@ def _validate_temporal(target: Target) -> None:
 @register(
     "temporal_grounding",
     aliases=("temporal", "tvg", "moment_retrieval"),
-    fits=lambda p: parse_span(p) is not None,
+    fits=lambda p, _: parse_span(p) is not None,
     validate=_validate_temporal,
 )
 def temporal_grounding(prediction: str, target: Target) -> tuple[float, dict]:
@@ -99,7 +99,7 @@ def _validate_spatial(target: Target) -> None:
 @register(
     "spatial_grounding",
     aliases=("grounding", "rec", "bbox"),
-    fits=lambda p: parse_box(p) is not None,
+    fits=lambda p, _: parse_box(p) is not None,
     validate=_validate_spatial,
 )
 def spatial_grounding(prediction: str, target: Target) -> tuple[float, dict]:
@@ -165,7 +165,7 @@ def _validate_tracking(target: Target) -> None:
 @register(
     "tracking",
     aliases=("object_tracking",),
-    fits=lambda p: parse_track(p) is not None,
+    fits=lambda p, _: parse_track(p) is not None,
     validate=_validate_tracking,
 )
 def tracking(prediction: str, target: Target) -> tuple[float, dict]:
@@ -183,7 +183,7 @@ def _validate_spatio_temporal(target: Target) -> None:
 @register(
     "spatio_temporal_grounding",
     aliases=("stvg", "spatio_temporal"),
-    fits=lambda p: isinstance(_load(p), dict),
+    fits=lambda p, _: isinstance(_load(p), dict),
     validate=_validate_spatio_temporal,
 )
 def spatio_temporal_grounding(prediction: str, target: Target) -> tuple[float, dict]:

@@ -49,7 +49,7 @@ def numbers_match(predicted: float, gold: float, rel_tol: float | None, abs_tol:
 
 
 @register(
-    "numerical", aliases=("numeric", "number"), fits=lambda p: parse_number(p) is not None, validate=_validate_number
+    "numerical", aliases=("numeric", "number"), fits=lambda p, _: parse_number(p) is not None, validate=_validate_number
 )
 def numerical(prediction: str, target: Target) -> tuple[float, dict]:
     """Row fields ``rel_tol`` / ``abs_tol`` set the tolerance."""
@@ -72,7 +72,7 @@ def mean_relative_accuracy(predicted: float, gold: float) -> float:
     return sum(error < 1 - t for t in MRA_THRESHOLDS) / len(MRA_THRESHOLDS)
 
 
-@register("regression", aliases=("mra",), fits=lambda p: parse_number(p) is not None, validate=_validate_number)
+@register("regression", aliases=("mra",), fits=lambda p, _: parse_number(p) is not None, validate=_validate_number)
 def regression(prediction: str, target: Target) -> tuple[float, dict]:
     predicted = parse_number(prediction)
     if predicted is None:
@@ -86,7 +86,7 @@ def _validate_count(target: Target) -> None:
         raise ValueError(f"counting answer {target.answer!r} is not an integer")
 
 
-@register("counting", aliases=("count",), fits=lambda p: parse_integer(p) is not None, validate=_validate_count)
+@register("counting", aliases=("count",), fits=lambda p, _: parse_integer(p) is not None, validate=_validate_count)
 def counting(prediction: str, target: Target) -> tuple[float, dict]:
     """Exact integer match; a row field ``tolerance`` accepts counts that far off."""
     predicted = parse_integer(prediction)

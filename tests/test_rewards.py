@@ -27,6 +27,7 @@ CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "reward_
 TYPES = [
     "multiple_choice",
     "choice_text",
+    "choice_words",
     "numerical",
     "regression",
     "counting",
@@ -91,6 +92,7 @@ def test_an_empty_answer_never_earns_accuracy(problem_type):
     answers = {
         "multiple_choice": "A",
         "choice_text": "left",
+        "choice_words": "left",
         "numerical": 0,
         "regression": 0,
         "counting": 0,
@@ -103,7 +105,7 @@ def test_an_empty_answer_never_earns_accuracy(problem_type):
         "spatio_temporal_grounding": {"time": [0, 1], "boxes": {"0": [0, 0, 1, 1]}},
         "tracking": {"0": [0, 0, 1, 1]},
     }
-    options = ["left", "right"] if problem_type == "choice_text" else None
+    options = ["left", "right"] if problem_type in ("choice_text", "choice_words") else None
     for response in ("<answer></answer>", "<think>x</think><answer> </answer>", "", "<think></think>"):
         result = score(problem_type, response, answers[problem_type], options=options)
         assert result.accuracy == 0.0, (problem_type, response)
