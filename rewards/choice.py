@@ -386,9 +386,7 @@ def _validate_text(target: Target) -> None:
     gold_text(target)
 
 
-@register(
-    "choice_text", fits=lambda p, target: parse_choice_text(p, target.options) is not None, validate=_validate_text
-)
+@register("choice_text", fits=lambda p, _: bool(p.strip()), validate=_validate_text)
 def choice_text(prediction: str, target: Target) -> tuple[float, dict]:
     """Right when the answer is the gold option's text (case, punctuation and spacing
     aside; see ``parse_choice_text``); a letter is not an answer here."""
@@ -423,9 +421,7 @@ def parse_choice_words(prediction: str, options: list[str]) -> str | None:
     return None
 
 
-@register(
-    "choice_words", fits=lambda p, target: parse_choice_words(p, target.options) is not None, validate=_validate_text
-)
+@register("choice_words", fits=lambda p, _: bool(p.strip()), validate=_validate_text)
 def choice_words(prediction: str, target: Target) -> tuple[float, dict]:
     """MMAU's official rule: right when the answer holds every word of the gold option
     and none of the words only the other options have ("B. Woman" and "the speaker
