@@ -52,10 +52,17 @@ def read_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = S
     return decode_audio(path, max_seconds, sample_rate).wave
 
 
-def decode_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int = SAMPLE_RATE) -> Sound:
+def decode_audio(
+    path: str | Path, max_seconds: float = 30.0, sample_rate: int = SAMPLE_RATE, *, from_video_start: bool = False
+) -> Sound:
     """The first audio stream of ``path`` (an audio file or a video's own track) as a
     mono float32 [N] waveform at ``sample_rate``, cut to ``max_seconds``, and whether
     the stream was longer (decoding stops there: a 3-hour file costs what 30 s do).
+
+    With ``from_video_start`` the wave's first sample stands for the video stream's
+    first frame, the timeline the frames' timestamps are on: a track that starts later
+    is preceded by that much silence, sound before the first frame is dropped. Without
+    it (an audio item) the wave starts at the track's first sample.
 
     Raises:
         OmniRLError: naming the file, when it has no decodable audio.
@@ -76,10 +83,18 @@ def decode_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int =
             # reading, which the Qwen audio models' own loaders use): FFmpeg's downmix to
             # mono sums them at 0.707 each, 3 dB hot for stereo and clipping for 5.1
             resampler = av.AudioResampler(format="fltp", layout=None, rate=sample_rate)
+            video_start = _video_start(container) if from_video_start else None
             frames = container.decode(stream)
-            for frame in frames:
+            skip = 0  # samples still to drop: sound before the video's first frame
+            for i, frame in enumerate(frames):
+                if i == 0 and video_start is not None:
+                    lead = round(((frame.time or 0.0) - video_start) * sample_rate)  # > 0: silence first
+                    chunks.append(np.zeros(max(lead, 0), np.float32))
+                    have, skip = chunks[-1].size, max(-lead, 0)
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().mean(axis=0))
+                    chunk = out.to_ndarray().mean(axis=0)
+                    chunks.append(chunk[skip:])
+                    skip -= min(skip, chunk.size)
                     have += chunks[-1].size
                 if have >= limit:
                     break
@@ -101,6 +116,15 @@ def decode_audio(path: str | Path, max_seconds: float = 30.0, sample_rate: int =
         raise OmniRLError(f"{path}: no audio samples decoded")
     wave = np.concatenate(chunks).astype(np.float32)[:limit]
     return Sound(normalize(wave, path, sample_rate), cut=past > CUT_TOLERANCE_SECONDS)
+
+
+def _video_start(container) -> float | None:
+    """Seconds of the first video frame on the file's timeline (0 when the stream does
+    not say), or None for a file without video."""
+    if not container.streams.video:
+        return None
+    video = container.streams.video[0]
+    return float(video.start_time * video.time_base) if video.start_time is not None else 0.0
 
 
 def normalize(wave: np.ndarray, path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

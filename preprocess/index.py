@@ -152,11 +152,10 @@ class DatasetIndex:
             if params is None or record is None or not record.keys or digest in record.keys:
                 raise
             # the manifest records each run's parameters of every kind; find this kind's
-            section = "audio" if kind == "video_audio" else kind  # a video's sound takes the audio settings
             by_digest = {
-                params_digest(p[section]): p[section]
+                params_digest(p[kind]): p[kind]
                 for p in self.cache.manifest()["param_sets"].values()
-                if isinstance(p, dict) and section in p
+                if isinstance(p, dict) and kind in p
             }
             cached = [by_digest[d] for d in sorted(record.keys) if d in by_digest]
             if not cached:

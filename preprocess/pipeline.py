@@ -66,15 +66,17 @@ class Budgets:
 
     def params(self, kind: str) -> dict:
         """The parameters that change the output of ``kind`` (part of its cache key;
-        a video's own audio track, ``video_audio``, takes the audio parameters)."""
+        a video's own audio track, ``video_audio``, takes the audio parameters and
+        starts at the video's first frame)."""
         if kind == "video":
             return {"video": self.video.key()}
         if kind == "image":
             return {"image": self.image.key()}
-        return {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds, "mono": "channel mean"}
+        audio = {"sample_rate": SAMPLE_RATE, "max_seconds": self.max_audio_seconds, "mono": "channel mean"}
+        return {**audio, "starts": "at the first video frame"} if kind == "video_audio" else audio
 
     def all_params(self) -> dict:
-        return {k: self.params(k) for k in ("video", "image", "audio")}
+        return {k: self.params(k) for k in ("video", "image", "audio", "video_audio")}
 
     def params_digest(self, kind: str) -> str:
         """The digest of ``params(kind)``, under which the cache index files keys."""
@@ -106,7 +108,7 @@ def decode_medium(kind: str, path: Path, budgets: Budgets) -> tuple[dict[str, np
             "resized_size": list(image.pixels.shape[:2]),
         }
     try:
-        sound = decode_audio(path, budgets.max_audio_seconds)
+        sound = decode_audio(path, budgets.max_audio_seconds, from_video_start=kind == "video_audio")
     except NoAudioStream:
         if kind != "video_audio":
             raise

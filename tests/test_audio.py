@@ -330,3 +330,53 @@ def test_sound_past_max_audio_seconds_is_cut_reported_once_and_counted(tmp_path,
     from omni_rl.preprocess.audio import decode_audio
 
     assert decode_audio(tmp_path / "long.wav", 2.0).cut and not decode_audio(tmp_path / "exact.wav", 2.0).cut
+
+
+def write_late_sound_video(path, sound_start: float, sound: np.ndarray, seconds: float = 2.0, first_frame: int = 0):
+    """A 10 fps mp4 whose AAC track starts at ``sound_start`` seconds and whose first
+    frame at ``first_frame`` / 10 seconds."""
+    import fractions
+
+    import av
+
+    with av.open(str(path), mode="w") as container:
+        video = container.add_stream("libx264", rate=10)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio = container.add_stream("aac", rate=16_000)
+        audio.layout = "mono"
+        for i in range(round(seconds * 10)):
+            black = av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")
+            black.pts, black.time_base = first_frame + i, fractions.Fraction(1, 10)
+            container.mux(video.encode(black))
+        chunk = av.AudioFrame.from_ndarray(sound[None, :], format="flt", layout="mono")
+        chunk.sample_rate, chunk.time_base = 16_000, fractions.Fraction(1, 16_000)
+        chunk.pts = round(sound_start * 16_000)
+        container.mux(audio.encode(chunk))
+        container.mux(audio.encode(None))
+        container.mux(video.encode(None))
+    return path
+
+
+def onset(wave: np.ndarray) -> float:
+    """Seconds to the first sample above a tenth of full scale."""
+    return float(np.flatnonzero(np.abs(wave) > 0.1)[0]) / 16_000
+
+
+def test_a_videos_sound_is_placed_on_the_videos_timeline(tmp_path):
+    """A track that starts 1 s after the first frame is heard 1 s in, as the frames show
+    it (it was heard from 0); the same file read as an audio item starts at its sound."""
+    from omni_rl.preprocess.pipeline import decode_medium
+
+    path = write_late_sound_video(tmp_path / "late.mp4", 1.0, tone(0.5))
+    media = budgets("skip")
+    heard, _ = decode_medium("video_audio", path, media)
+    assert onset(heard["audio"]) == pytest.approx(1.0, abs=0.005)
+    alone, _ = decode_medium("audio", path, media)
+    assert onset(alone["audio"]) < 0.1
+    on_time = write_late_sound_video(tmp_path / "on_time.mp4", 0.0, tone(0.5))
+    assert onset(decode_medium("video_audio", on_time, media)[0]["audio"]) < 0.005
+    # sound before the first frame is not heard: the frames start 0.3 s into the tone
+    early = write_late_sound_video(tmp_path / "early.mp4", 0.0, tone(0.5), first_frame=3)
+    heard, whole = (decode_medium(kind, early, media)[0]["audio"] for kind in ("video_audio", "audio"))
+    assert whole.size - heard.size == pytest.approx(0.3 * 16_000, abs=16)
+    assert np.array_equal(heard, whole[-heard.size :])
