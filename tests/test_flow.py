@@ -34,6 +34,21 @@ def test_gaussian_logpdf_and_entropy_match_torch_distributions():
     assert torch.allclose(gaussian_entropy(std), Normal(mean, std).entropy(), atol=1e-6)
 
 
+def test_gaussian_logpdf_and_entropy_of_bf16_parameters_are_exact_in_fp32():
+    """A bf16 noise head's std (FSDP2 bf16-mixed, no autocast) is the std the sample was
+    drawn with: its density is computed in fp32, log std included (bf16's log of a std
+    in [0.08, 0.16] was up to 0.0078 off per element), as autocast computes it on CUDA."""
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(64, 8, 4, generator=g).bfloat16()
+    std = (0.08 + 0.08 * torch.rand(64, 8, 4, generator=g)).bfloat16()
+    x = mean.float() + std.float() * torch.randn(64, 8, 4, generator=g)
+    exact = Normal(mean.double(), std.double())
+    logp, entropy = gaussian_logpdf(x, mean, std), gaussian_entropy(std)
+    assert logp.dtype == entropy.dtype == torch.float32
+    assert torch.allclose(logp.double(), exact.log_prob(x.double()), atol=1e-5, rtol=0)
+    assert torch.allclose(entropy.double(), exact.entropy(), atol=1e-6, rtol=0)
+
+
 def test_chain_logprob_sums_the_stochastic_transitions_and_the_start():
     g = torch.Generator().manual_seed(1)
     n, k, h, d = 4, 3, 2, 2

@@ -24,13 +24,25 @@ import torch
 LOG_2PI = math.log(2 * math.pi)
 
 
+def _exact(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors in their common dtype, fp32 at least: a bf16 mean or std (a noise
+    head under FSDP2 bf16-mixed, with no autocast) is the one a sample was drawn with,
+    and its density is computed exactly, as autocast computes ``log`` on CUDA."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return [t.to(dtype) for t in tensors]
+
+
 def gaussian_logpdf(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Elementwise log N(x; mean, std^2)."""
+    """Elementwise log N(x; mean, std^2), in fp32 at least."""
+    x, mean, std = _exact(x, mean, std)
     return -0.5 * ((x - mean) / std) ** 2 - torch.log(std) - 0.5 * LOG_2PI
 
 
 def gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
-    """Elementwise entropy of N(., std^2)."""
+    """Elementwise entropy of N(., std^2), in fp32 at least."""
+    (std,) = _exact(std)
     return 0.5 * (LOG_2PI + 1.0) + torch.log(std)
 
 
