@@ -510,3 +510,27 @@ def test_quickstart_kinds_are_checked():
     with pytest.raises(FieldError, match="prime to the 3 kinds"):
         QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=3)
     QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=4)
+
+
+def test_held_out_intervals_of_iou_scores_are_intervals_of_a_mean(tmp_path):
+    """A kind scored by IoU (grounding) gets the normal interval of its mean, not
+    Wilson's interval for a success rate, which assumes p(1 - p) and is far too wide
+    (a constant IoU of 0.3 has no spread); a right-or-wrong kind keeps Wilson's."""
+    from omni_rl.algorithms.stats import mean_interval
+    from omni_rl.demos.quickstart import compare, text_alone
+
+    heldout = tmp_path / "data.jsonl"
+    rows = [{"id": f"g{i}", "data_source": "video_grounding"} for i in range(50)]
+    rows += [{"id": f"c{i}", "data_source": "video_count"} for i in range(50)]
+    heldout.write_text("".join(json.dumps(r | {"problem_type": "counting", "answer": 1}) + "\n" for r in rows))
+    ious = [0.3 + 0.004 * i for i in range(50)]
+    scores = {f"g{i}": iou for i, iou in enumerate(ious)} | {f"c{i}": float(i % 2) for i in range(50)}
+    run = {"row_accuracy": scores}
+    compared = compare(heldout, run, run, baseline=lambda row: 0.5)
+    low, high = mean_interval(ious)
+    assert compared["video_grounding"]["sft_ci95"] == [round(low, 4), round(high, 4)]
+    assert compared["video_count"]["rl_ci95"] == [round(x, 4) for x in binomial_interval(25, 50)]
+    mixed = mean_interval(ious + [float(i % 2) for i in range(50)])
+    assert compared["overall"]["sft_ci95"] == [round(x, 4) for x in mixed]
+    alone = text_alone(heldout, {"row_accuracy": scores, "answers": {r["id"]: ["1"] for r in rows}})
+    assert alone["video_grounding"]["accuracy_ci95"] == [round(low, 4), round(high, 4)]

@@ -38,6 +38,15 @@ def mean_interval(scores: list[float], z: float = 1.96) -> tuple[float, float]:
     return mean - z * spread / math.sqrt(n), mean + z * spread / math.sqrt(n)
 
 
+def score_interval(scores: list[float]) -> tuple[float, float]:
+    """The 95% interval of the mean of ``scores``: Wilson's when every score is a
+    success or a failure (0 or 1), else the normal interval of a mean (an IoU, a
+    partial credit), whose spread Wilson's p(1 - p) would overstate."""
+    if all(x in (0.0, 1.0) for x in scores):
+        return binomial_interval(sum(scores), len(scores))
+    return mean_interval(scores)
+
+
 def above_baseline(score: float, baseline: float) -> float:
     """``score`` on a scale where ``baseline`` (what the question scores without its
     media) is 0 and a right answer is 1: (score - baseline) / (1 - baseline); below the

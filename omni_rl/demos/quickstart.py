@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from omni_rl.algorithms.stats import above_baseline, binomial_interval, mean_interval, paired_gain
+from omni_rl.algorithms.stats import above_baseline, mean_interval, paired_gain, score_interval
 from omni_rl.config import save_config
 from omni_rl.data.config import EvalSetConfig
 from omni_rl.data.dataset import MediaDataset
@@ -241,7 +241,7 @@ def compare(
         entry = {"rows": len(mine), "chance": None if None in chances or not mine else sum(chances) / len(mine)}
         for phase, scores in (("sft", sft_scores), ("rl", rl_scores)):
             entry[phase] = sum(scores) / max(len(scores), 1)
-            entry[f"{phase}_ci95"] = [round(x, 4) for x in binomial_interval(sum(scores), len(scores))]
+            entry[f"{phase}_ci95"] = [round(x, 4) for x in score_interval(scores)]
         result[name] = entry | {"gain": gain, "gain_ci95": [round(low, 4), round(high, 4)]}
     return result
 
@@ -280,7 +280,7 @@ def text_alone(
             "rows": len(mine),
             "chance": None if None in chances else sum(chances) / len(mine),
             "accuracy": sum(right) / len(mine),
-            "accuracy_ci95": [round(x, 4) for x in binomial_interval(sum(right), len(mine))],
+            "accuracy_ci95": [round(x, 4) for x in score_interval(right)],
             "answered": sum(f == 1.0 for _, f in mine) / len(mine),
         }
     return summary
