@@ -336,3 +336,26 @@ def test_a_limit_spreads_over_the_whole_set():
     assert spread(list(range(10)), 0) == list(range(10)) == spread(list(range(10)), 20)
     tasks = [f"task{t}" for t in range(20) for _ in range(200)]  # MVBench's shape
     assert set(spread(tasks, 400)) == set(tasks) and len(spread(tasks, 400)) == 400
+
+
+def test_rows_a_cache_could_not_decode_are_reported_as_skipped(tmp_path):
+    """A video the cache could not decode refuses its row when the dataset loads: the
+    results list it under ``skipped`` with the reason, as without a cache (where it
+    fails as it is read), not only as an unanswered count."""
+    from omni_rl.evaluation import benchmark
+    from omni_rl.evaluation.pipeline import evaluate_benchmark
+
+    data = tmp_path / "data"
+    bench_fixtures.charades_sta(data)
+    (data / "Charades_v1_480" / "BROKEN.mp4").write_bytes(b"not a video" * 100)
+    with (data / "charades_sta_test.txt").open("a") as f:
+        f.write("BROKEN 0.0 1.0##person waves.\n")
+    prepared = benchmark.prepare("charades_sta", data, tmp_path / "out", {"nframes": 4})
+    dataset, _ = benchmark.media_dataset(prepared, "qwen2_5_vl", str(tmp_path / "cache"), progress=False)
+    answers = {row.id: ["[0.0, 1.0]"] for row in dataset.rows}
+    summary, _ = evaluate_benchmark(prepared, answers, [], {})
+    skipped = summary["skipped"]
+    assert skipped["unanswered"] == 0 and skipped["count"] == 2  # the missing video and the broken one
+    broken = [r for r in skipped["rows"] if r["id"].startswith("BROKEN")]
+    assert len(broken) == 1 and "BROKEN.mp4: cannot decode video" in broken[0]["reason"]
+    assert summary["n-samples"]["charades_sta"] == {"original": 4, "effective": 2}

@@ -105,13 +105,18 @@ def media_dataset(
     media settings for ``family`` (the rows' prompt is the preset's), and those
     settings. With ``cache``, the rows' media are first preprocessed into it (entries
     already there are kept), as for training, so every evaluation reads them decoded;
-    under torchrun each rank preprocesses its share of the rows (see ``preprocess_shared``)."""
+    under torchrun each rank preprocesses its share of the rows (see ``preprocess_shared``).
+    Rows the dataset refuses as it loads (media the cache could not decode) move from
+    ``prepared.rows`` to ``prepared.failures``, so the results list them as skipped."""
     media = MediaConfig(**prepared.protocol.media(family), media_root=str(prepared.root))
     budgets = Budgets.from_config(media)
     if cache is not None:
         preprocess_shared(prepared.rows_file, cache, budgets, progress)
     dataset = MediaDataset(prepared.rows_file, budgets, cache=cache, prompt_template="{benchmark_prompt}")
     dataset.rows = [r for r in dataset.rows if r.id in prepared.rows]
+    for failure in dataset.failures:
+        if prepared.rows.pop(failure.id, None) is not None:
+            prepared.failures.append(failure)
     return dataset, media
 
 
