@@ -76,8 +76,9 @@ def test_mvbench_accuracy_per_task_and_both_denominators(tmp_path):
 
 def test_mvbench_divides_by_non_empty_responses_as_lmms_eval_does(tmp_path):
     """lmms-eval's MVBench drops empty responses only: an empty one leaves the
-    denominator, an unparsable one stays in it."""
-    responses = bench_fixtures.mvbench(tmp_path / "unused") | {"action_sequence-1": " "}
+    denominator, an unparsable one stays in it, and so does a blank one (its
+    ``pred_answer != ""`` test reads the response as decoded, unstripped)."""
+    responses = bench_fixtures.mvbench(tmp_path / "unused") | {"action_sequence-1": ""}
     by_metric = {}
     for metric in ("accuracy_responded", "accuracy", "accuracy_answered"):
         results, _ = scored(tmp_path / metric, "mvbench", responses, "--set", f"protocol.metric={metric}")
@@ -90,6 +91,8 @@ def test_mvbench_divides_by_non_empty_responses_as_lmms_eval_does(tmp_path):
     assert by_metric["accuracy"]["accuracy/action_sequence"] == pytest.approx(50.0)
     assert by_metric["accuracy_answered"]["accuracy"] == pytest.approx(100.0)
     assert BENCHMARKS.get("mvbench").protocol.metric == "accuracy_responded"
+    blank, _ = scored(tmp_path / "blank", "mvbench", responses | {"action_sequence-1": "\n"})
+    assert metrics(blank, "mvbench")["accuracy/action_sequence"] == pytest.approx(50.0)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS.names())

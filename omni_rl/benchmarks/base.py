@@ -315,12 +315,13 @@ ACCURACIES = ("accuracy", "accuracy_responded", "accuracy_answered")
 def accuracy(scored: list[Scored], metric: str) -> float:
     """Percent right over the rows the metric counts: every scored row (``accuracy``:
     lmms-eval's Video-MME and MMAU, and MMAU's own script); rows with a
-    response that is not empty or blank (``accuracy_responded``: lmms-eval's MVBench,
-    which drops only empty responses); rows whose answer parsed (``accuracy_answered``:
+    response that is not empty (``accuracy_responded``: lmms-eval's MVBench, which
+    drops only a response that is exactly empty: its Qwen wrappers do not strip, so a
+    blank one counts, as a wrong answer); rows whose answer parsed (``accuracy_answered``:
     Video-MME's own script, which counts a question only when it finds a letter; no
     lmms-eval task divides so)."""
     if metric == "accuracy_responded":
-        scored = [s for s in scored if any(r.strip() for r in s.responses)]
+        scored = [s for s in scored if any(r != "" for r in s.responses)]
     elif metric == "accuracy_answered":
         scored = [s for s in scored if s.parsed is not None]
     return 100.0 * mean([s.score for s in scored])

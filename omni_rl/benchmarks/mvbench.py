@@ -7,7 +7,7 @@ Layout: ``json/<task>.json`` (a list of ``{"video", "question", "candidates",
 holds them (``<folder>/...`` with pre-cut ``*_segment`` clips, lmms-eval's folders).
 
 Scoring follows lmms-eval 0.7.2's ``mvbench`` task (unchanged since 0.7.1): its prompt,
-16 greedy tokens, and its denominator, the rows whose response is not empty
+16 greedy tokens, and its denominator, the rows whose response is not exactly empty
 (``accuracy_responded``); overall is the mean of the tasks' accuracies. The answer is
 read by omni_rl's ``multiple_choice`` parser, not lmms-eval's ``mcq_acc``, which reads
 "X. text" as X and otherwise the first standalone letter A-E anywhere, case folded: it
@@ -78,7 +78,7 @@ LMMS_EVAL_SCORING = Variant(
         "lmms-eval's mcq_acc: 'X. text' is X, else the first standalone letter A-E, case folded; here omni_rl's "
         "multiple_choice parser, which reads a stated answer after reasoning and never the article 'A' as option A"
     ),
-    denominator="rows whose response is not empty (lmms-eval drops empty responses only)",
+    denominator="rows whose response is not exactly empty (lmms-eval drops empty responses only)",
     metric="accuracy_responded",
 )
 
