@@ -11,9 +11,13 @@ import bench_fixtures
 import pytest
 
 from omni_rl.benchmarks import BENCHMARKS
+from omni_rl.benchmarks.base import Protocol
 from omni_rl.benchmarks.videomme import frame_times, parse_srt, subtitles_at
 from omni_rl.benchmarks.vsibench import mean_relative_accuracy
 from omni_rl.cli import BENCHMARK_NAMES, main
+from omni_rl.preprocess.config import MediaConfig
+from omni_rl.preprocess.pipeline import Budgets
+from omni_rl.preprocess.video import read_video
 
 
 def run_eval(name, data, out, *extra):
@@ -132,7 +136,13 @@ def test_videomme_subtitles_are_those_at_the_sampled_frames(tmp_path):
     cues = parse_srt(srt + "2\n00:00:00,600 --> 00:00:01,000\nhidden\n")
     assert cues == [(0.0, 0.4, "hello"), (0.6, 1.0, "hidden")]
     # 8 frames at 4 fps, 4 sampled: frames 0, 2, 5, 7 -> 0, 0.5, 1.25, 1.75 s
-    assert frame_times(8, 4.0, 4) == [0.0, 0.5, 1.25, 1.75]
+    assert frame_times(8, 4.0, Protocol(nframes=4)) == [0.0, 0.5, 1.25, 1.75]
+    # the frames the decoder samples, whatever the protocol asks (an odd count is made
+    # even, fps is clamped to the frame limits): the subtitles are those the model sees
+    clip = bench_fixtures.video(tmp_path / "clip.mp4", frames=24, fps=4)
+    for protocol in (Protocol(nframes=5), Protocol(nframes=None, fps=0.5), Protocol(nframes=None, fps=3.0)):
+        budget = Budgets.from_config(MediaConfig(**protocol.media("qwen2_5_vl"))).video
+        assert frame_times(24, 4.0, protocol) == read_video(clip, budget).timestamps, protocol
     assert subtitles_at([*cues, (1.2, 1.3, "world")], [0.0, 0.5, 1.25, 1.75]) == "hello\nworld"
     results, samples = scored(tmp_path, "videomme_w_subtitle", {"001-1": "C"}, "--set", "protocol.nframes=4")
     prompt = samples[0]["input"]

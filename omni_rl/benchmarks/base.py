@@ -89,14 +89,20 @@ class Protocol:
         field)."""
         return build_section(Protocol, overrides, where, self)
 
-    def media(self, family: str) -> dict:
-        """The ``media:`` section this protocol decodes with, for ``family``."""
+    def frame_sampling(self) -> dict:
+        """The ``media:`` fields that choose a video's frames (``VideoBudget``'s)."""
         return {
-            "family": family,
             "fps": self.fps,
             "nframes": self.nframes,
             "min_frames": 2 if self.fps is not None else 4,
             "max_frames": self.max_frames,
+        }
+
+    def media(self, family: str) -> dict:
+        """The ``media:`` section this protocol decodes with, for ``family``."""
+        return {
+            "family": family,
+            **self.frame_sampling(),
             "video_max_pixels": self.video_max_pixels,
             "video_total_pixels": self.video_total_pixels,
             "max_audio_seconds": self.max_audio_seconds,

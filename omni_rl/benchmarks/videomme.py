@@ -6,8 +6,8 @@ answer "A".."D"), the videos as ``data/<videoID>.mp4`` (or .MP4, .mkv) and the
 subtitles as ``subtitle/<videoID>.srt``.
 
 With subtitles, the prompt holds the subtitle lines shown at the sampled frames'
-times (Video-MME's rule), frames spread as ``protocol.nframes`` (or the video's
-length x ``fps``) over the video.
+times (Video-MME's rule): the frames the decoder samples under ``protocol.nframes``
+or ``fps`` (qwen-vl-utils' count, even and within the frame limits).
 
 Scoring follows lmms-eval 0.7.2's ``videomme`` tasks: their prompts, 16 greedy tokens
 and their denominator, every row (``accuracy``; 0.7.1 counted every row too). The answer
@@ -43,6 +43,7 @@ from omni_rl.benchmarks.base import (
     render,
 )
 from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.video import VideoBudget, sample_indices
 
 # lmms-eval's instruction, "and the subtitles" included, with and without subtitles
 INSTRUCTION = (
@@ -101,11 +102,10 @@ def subtitles_at(cues: list[tuple[float, float, str]], times: list[float]) -> st
     return "\n".join(text for start, end, text in cues if any(start <= t <= end for t in times))
 
 
-def frame_times(total_frames: int, fps: float, nframes: int) -> list[float]:
-    """The times (s) of ``nframes`` frames spread evenly over the video."""
-    if total_frames <= 1 or nframes <= 1:
-        return [0.0]
-    return [round(i * (total_frames - 1) / (nframes - 1)) / fps for i in range(nframes)]
+def frame_times(total_frames: int, fps: float, protocol: Protocol) -> list[float]:
+    """The times (s) of the frames the decoder samples from a video under ``protocol``
+    (qwen-vl-utils' count: even, within the frame limits; spread evenly)."""
+    return [i / fps for i in sample_indices(total_frames, fps, VideoBudget(**protocol.frame_sampling()))]
 
 
 def probe(path: Path) -> tuple[int, float]:
@@ -129,8 +129,8 @@ def _subtitles(root: Path, video_id: str, video: Path, protocol: Protocol) -> st
     if not srt.is_file():
         return "No subtitles available"
     frames, fps = probe(video)
-    n = protocol.nframes or max(2, min(protocol.max_frames, round(frames / fps * protocol.fps)))
-    return subtitles_at(parse_srt(srt.read_text(encoding="utf-8", errors="replace")), frame_times(frames, fps, n))
+    cues = parse_srt(srt.read_text(encoding="utf-8", errors="replace"))
+    return subtitles_at(cues, frame_times(frames, fps, protocol))
 
 
 def reader(with_subtitles: bool):
