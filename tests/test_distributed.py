@@ -865,3 +865,35 @@ def test_model_inputs_from_the_cache_on_two_processes_train_as_one_process(tmp_p
         assert a["data/inputs_hits"] == b["data/inputs_hits"]
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-9)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-5)
+
+
+SKIPPED_ON_RANKS = """
+import json, sys
+from pathlib import Path
+from omni_rl.engine import distributed
+from omni_rl.recipes import grpo
+
+ranks = distributed.init("cpu")
+mine = [{"prompt_too_long": 3, "groups_filtered": 1, "sampling_rounds": 2},
+        {"prompt_too_long": 0, "groups_filtered": 4, "sampling_rounds": 1}][ranks.rank]
+shares = {"prompt_too_long": 5 / 3, "groups_filtered": 2 / 3, "sampling_rounds": 3}  # a rollout process's, dealt
+result = {"counted": grpo._skipped_metrics(mine), "dealt": grpo._skipped_metrics(shares)}
+Path(sys.argv[1], f"rank{ranks.rank}.json").write_text(json.dumps(result))
+distributed.shutdown()
+"""
+
+
+def test_skipped_work_is_counted_over_every_rank(tmp_path):
+    """skipped/prompt_too_long and skipped/groups_filtered are the step's counts over
+    every rank (they were averaged over ranks: half the count at 2); the sampling rounds
+    are a rank's, averaged. A rollout process's counts dealt to trainers in shares sum
+    back to the whole."""
+    on_two_ranks(tmp_path, SKIPPED_ON_RANKS, str(tmp_path))
+    for result in rank_results(tmp_path):
+        assert result["counted"] == {
+            "skipped/prompt_too_long": 3,
+            "skipped/groups_filtered": 5,
+            "skipped/sampling_rounds": 1.5,
+        }
+        dealt = {"skipped/prompt_too_long": 3, "skipped/groups_filtered": 1, "skipped/sampling_rounds": 3}
+        assert result["dealt"] == dealt

@@ -498,12 +498,13 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         every_filtered = distributed.gather_objects(collected.filtered)
         sampler.observe(every_source + every_filtered, every_magnitude + [0.0] * len(every_filtered))
         scores = reward_metrics(every_result, every_type, every_source) if everything else {}
-        skipped = {f"skipped/{k}": v for k, v in collected.skipped.items()}
+        skipped = _skipped_metrics(collected.skipped)
         report = collected.report
         row = {
             "step": step + 1,
             **scores,
-            **distributed.mean_metrics({**timer.metrics(), **skipped}),
+            **distributed.mean_metrics(timer.metrics()),
+            **skipped,
             **update,
             **_rollout_metrics(rollouts),
             **distributed.mean_metrics(report.get("engine") if worker is not None else rollout.metrics()),
@@ -528,6 +529,16 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     log.close()
     finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
     return row or last_row(run.out)
+
+
+def _skipped_metrics(skipped: dict) -> dict:
+    """``skipped/*`` of a step: prompts too long and groups filtered counted over every
+    rank (a rank's share of a rollout process's counts sums back to the whole), the
+    sampling rounds a rank's, averaged."""
+    counts = [k for k in sorted(skipped) if k != "sampling_rounds"]
+    *summed, rounds = distributed.all_sum([float(skipped[k]) for k in [*counts, "sampling_rounds"]])
+    out = {f"skipped/{k}": round(v) for k, v in zip(counts, summed, strict=True)}
+    return out | {"skipped/sampling_rounds": rounds / distributed.ranks().world_size}
 
 
 def _collect_step(dataset, sampler, rollout, processor, sampling, cfg: GRPOConfig, timer, balance) -> Collected:
