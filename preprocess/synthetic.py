@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
+MILLISECOND = Fraction(1, 1000)
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 
 
@@ -54,9 +57,12 @@ def write_video(
     crf: int = 0,
     audio: np.ndarray | None = None,
     sample_rate: int = 16_000,
+    times: Sequence[float] | None = None,
 ) -> Path:
     """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically; with
-    ``audio`` (mono float32 [N]) also an AAC track.
+    ``audio`` (mono float32 [N]) also an AAC track. ``times``: each frame's presentation
+    time in seconds (to the millisecond), for a variable frame rate; unset, frame ``i``
+    shows at ``i / fps``.
 
     ``crf=0`` (the default) is lossless: the decoded frames are the frames' YUV to the
     bit, however the encoder chose to code them (libx264 does not choose alike from one
@@ -72,12 +78,16 @@ def write_video(
         stream.width, stream.height = width - width % 2, height - height % 2
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": str(crf), "preset": "veryfast"}
+        if times is not None:
+            stream.codec_context.time_base = MILLISECOND
         sound = None
         if audio is not None:
             sound = container.add_stream("aac", rate=sample_rate)
             sound.layout = "mono"
-        for frame in frames:
+        for i, frame in enumerate(frames):
             image = av.VideoFrame.from_ndarray(yuv420(frame[: stream.height, : stream.width]), format="yuv420p")
+            if times is not None:
+                image.pts, image.time_base = round(times[i] * 1000), MILLISECOND
             container.mux(stream.encode(image))
         if sound is not None:
             chunk = av.AudioFrame.from_ndarray(audio.astype(np.float32)[None, :], format="flt", layout="mono")

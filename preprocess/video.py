@@ -10,11 +10,20 @@ The frame count (``smart_nframes``), the evenly spread indices and the per-frame
 budget (``smart_resize`` under min / max / total pixels) follow qwen-vl-utils'
 ``fetch_video``; the resize is the same bicubic antialiased torchvision call, rounded
 to uint8 so that frames can be cached exactly.
+
+Frames are spread evenly in time, not in decode order. qwen-vl-utils keeps frame
+``i`` for each evenly spread index ``i``, and the processors place it at ``i / fps``:
+right for a constant frame rate, but in a variable-rate video (phone recordings,
+screen captures) frame ``i`` may show seconds away from that time. Here index ``i``
+keeps the frame shown nearest its time on the video's own span (``frames_at``), so the
+time the model is told is the time of the frame it sees. At a constant rate that is
+frame ``i`` itself, the frames qwen-vl-utils keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +36,8 @@ from torchvision.transforms import functional as tvf
 from omni_rl.errors import OmniRLError
 
 FRAME_FACTOR = qvu.FRAME_FACTOR  # frames come in pairs: the temporal patch is 2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,15 @@ class VideoBudget:
         return self.patch_size * qvu.SPATIAL_MERGE_SIZE
 
     def key(self) -> dict:
-        """What changes the frames: the fields and the qwen-vl-utils limits that unset
-        fields fall back to (MODEL_SEQ_LEN comes from the environment)."""
+        """What changes the frames: the fields, the qwen-vl-utils limits that unset
+        fields fall back to (MODEL_SEQ_LEN comes from the environment), and the rule
+        that picks a frame for each index (``frames_at``)."""
         limits = ("MODEL_SEQ_LEN", "VIDEO_MIN_TOKEN_NUM", "VIDEO_MAX_TOKEN_NUM", "SPATIAL_MERGE_SIZE", "FRAME_FACTOR")
-        return {**asdict(self), "qwen_vl_utils": {name: getattr(qvu, name) for name in limits}}
+        return {
+            **asdict(self),
+            "qwen_vl_utils": {name: getattr(qvu, name) for name in limits},
+            "frames": "shown nearest an even time grid",
+        }
 
     def frame_pixels(self, nframes: int) -> tuple[int, int]:
         """(min, max) area of each of ``nframes`` frames, as ``fetch_video`` computes it."""
@@ -74,7 +90,8 @@ class VideoClip:
             layout torchvision resizes in and the processors take without a copy.
         fps: the source frame rate.
         total_frames: frames in the source.
-        indices: source index of each sampled frame, [T].
+        indices: grid index of each sampled frame, [T]: the frame shown nearest time
+            ``index / fps`` (the source's frame ``index`` at a constant frame rate).
         original_size: (height, width) of the source.
         backend: 'decord' or 'pyav'.
     """
@@ -88,7 +105,8 @@ class VideoClip:
 
     @property
     def timestamps(self) -> list[float]:
-        """Seconds from the start of each sampled frame."""
+        """Seconds from the first frame of each sampled frame, as the processors place
+        them (each kept frame is the one shown nearest its time)."""
         return [i / self.fps for i in self.indices]
 
     @property
@@ -120,6 +138,36 @@ def sample_indices(total_frames: int, fps: float, budget: VideoBudget) -> list[i
     return torch.linspace(0, total_frames - 1, n).round().long().tolist()
 
 
+def frames_at(times: Sequence[float | None], grid: list[int]) -> list[int] | None:
+    """The source frames shown nearest the times of ``grid``'s indices (ties: the
+    earlier frame), or None where the times do not rise (missing or broken).
+
+    ``times``: each source frame's presentation time, in presentation order. Index
+    ``i`` of ``n`` frames stands for time ``t[0] + i * (t[-1] - t[0]) / (n - 1)``, an
+    even grid over the frames' own span: at a constant frame rate that is frame ``i``'s
+    time, so the frames are the indices themselves.
+    """
+    if len(times) < 2 or any(x is None for x in times):
+        return None
+    t = np.asarray(times, dtype=np.float64)
+    if not np.all(np.diff(t) > 0):
+        return None
+    wanted = t[0] + np.asarray(grid, dtype=np.float64) * ((t[-1] - t[0]) / (len(t) - 1))
+    after = np.clip(np.searchsorted(t, wanted), 1, len(t) - 1)
+    nearer_before = wanted - t[after - 1] <= t[after] - wanted
+    return np.where(nearer_before, after - 1, after).tolist()
+
+
+def shown_frames(path: Path, times: Sequence[float | None], grid: list[int]) -> list[int]:
+    """``frames_at``, or where the frame times do not rise the grid's indices in decode
+    order (qwen-vl-utils' rule), said in the log."""
+    shown = frames_at(times, grid)
+    if shown is None:
+        log.warning("%s: the frame times do not rise, so frames are sampled in decode order", path)
+        return list(grid)
+    return shown
+
+
 def resized_size(height: int, width: int, nframes: int, budget: VideoBudget) -> tuple[int, int]:
     """(height, width) of each frame after ``smart_resize`` under the budget."""
     min_pixels, max_pixels = budget.frame_pixels(nframes)
@@ -146,28 +194,31 @@ def _decode_decord(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, 
     reader = decord.VideoReader(str(path), num_threads=1)
     total, fps = len(reader), float(reader.get_avg_fps())
     indices = sample_indices(total, fps, budget)
-    return reader.get_batch(indices).asnumpy(), fps, total, indices
+    shown = shown_frames(path, reader.get_frame_timestamp(list(range(total)))[:, 0].tolist(), indices)
+    return reader.get_batch(shown).asnumpy(), fps, total, indices
 
 
-def keep_frames(frames: Iterable, indices: list[int]) -> tuple[list[np.ndarray], int]:
-    """The frames at ``indices`` as uint8 RGB [H, W, 3] arrays, and how many frames
-    ``frames`` yielded. Only the kept frames are converted and held in memory.
+def keep_frames(frames: Iterable, indices: list[int]) -> tuple[list[np.ndarray], list[float | None]]:
+    """The frames at ``indices`` as uint8 RGB [H, W, 3] arrays, and the presentation
+    time of every frame ``frames`` yielded. Only the kept frames are converted and held
+    in memory.
 
     Args:
-        frames: decoded frames in order (objects with ``to_ndarray(format=...)``).
+        frames: decoded frames in order (objects with ``to_ndarray(format=...)`` and
+            ``time``).
         indices: ordinals of the frames to keep.
     """
     wanted = set(indices)
     kept: dict[int, np.ndarray] = {}
-    count = 0
+    times: list[float | None] = []
     for frame in frames:
-        if count in wanted:
-            kept[count] = frame.to_ndarray(format="rgb24")
-        count += 1
-    return [kept[i] for i in indices if i in kept], count
+        if len(times) in wanted:
+            kept[len(times)] = frame.to_ndarray(format="rgb24")
+        times.append(frame.time)
+    return [kept[i] for i in indices if i in kept], times
 
 
-def _pyav_sampled(path: Path, indices: list[int]) -> tuple[list[np.ndarray], int]:
+def _pyav_sampled(path: Path, indices: list[int]) -> tuple[list[np.ndarray], list[float | None]]:
     import av
 
     with av.open(str(path)) as container:
@@ -175,29 +226,32 @@ def _pyav_sampled(path: Path, indices: list[int]) -> tuple[list[np.ndarray], int
 
 
 def _decode_pyav(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, int, list[int]]:
-    """Sample by the packet count, decoding once and keeping only the sampled frames.
+    """Sample by the packets' count and times, decoding once and keeping only the
+    sampled frames.
 
-    No seeking: an index is a frame's ordinal in decode order, as decord counts it, and
-    a seek lands on a keyframe whose ordinal is known only through timestamps, which
-    variable frame rates break. Where the packets were not one frame each, the frames
-    are sampled again from the true count in a second pass.
+    No seeking: a frame is found by its ordinal in presentation order, as decord counts
+    it, and a seek lands on a keyframe whose ordinal is known only through timestamps,
+    which variable frame rates break. Where the packets were not one frame each, the
+    frames are sampled again from the decoded frames' count and times in a second pass.
     """
     import av
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
-        fps = float(stream.average_rate or stream.guessed_rate)
-        packets = sum(1 for packet in container.demux(stream) if packet.size)
-    if not packets:
+        fps, time_base = float(stream.average_rate or stream.guessed_rate), stream.time_base
+        pts = [packet.pts for packet in container.demux(stream) if packet.size]
+    if not pts:
         raise OmniRLError("no frames decoded")
-    indices = sample_indices(packets, fps, budget)
-    frames, total = _pyav_sampled(path, indices)
-    if total != packets:
-        if not total:
+    # packets come in decode order; sorted, their times are the frames' in presentation order
+    times = None if None in pts else [float(p * time_base) for p in sorted(pts)]
+    indices = sample_indices(len(pts), fps, budget)
+    frames, decoded = _pyav_sampled(path, shown_frames(path, times or [], indices))
+    if len(decoded) != len(pts):
+        if not decoded:
             raise OmniRLError("no frames decoded")
-        indices = sample_indices(total, fps, budget)
-        frames, _ = _pyav_sampled(path, indices)
-    return np.stack(frames), fps, total, indices
+        indices = sample_indices(len(decoded), fps, budget)
+        frames, _ = _pyav_sampled(path, shown_frames(path, decoded, indices))
+    return np.stack(frames), fps, len(decoded), indices
 
 
 DECODERS = {"decord": _decode_decord, "pyav": _decode_pyav}

@@ -69,7 +69,7 @@ class LiveArrays:
 
         class Frame:
             def __init__(self, frame):
-                self.frame = frame
+                self.frame, self.time = frame, frame.time
 
             def to_ndarray(self, **kw):
                 return counter._track(self.frame.to_ndarray(**kw))
@@ -115,15 +115,62 @@ def test_keep_frames_converts_only_the_frames_it_keeps():
 
     class Frame:
         def __init__(self, i):
-            self.i = i
+            self.i, self.time = i, i / 10
 
         def to_ndarray(self, format):
             converted.append(self.i)
             return np.full((2, 2, 3), self.i, np.uint8)
 
-    kept, count = video_mod.keep_frames((Frame(i) for i in range(50)), [0, 7, 7, 49])
-    assert count == 50 and converted == [0, 7, 49]
+    kept, times = video_mod.keep_frames((Frame(i) for i in range(50)), [0, 7, 7, 49])
+    assert times == [i / 10 for i in range(50)] and converted == [0, 7, 49]
     assert [int(k[0, 0, 0]) for k in kept] == [0, 7, 7, 49]
+
+
+# a phone-style variable frame rate: 30 frames at 30 fps, then 10 at 5 fps (3 s shown)
+VFR_TIMES = [i / 30 for i in range(30)] + [1 + 0.2 * i for i in range(10)]
+
+
+def every_frame(path):
+    import decord
+
+    return decord.VideoReader(str(path), num_threads=1).get_batch(list(range(len(VFR_TIMES)))).asnumpy()
+
+
+@pytest.mark.parametrize("backend", ["decord", "pyav"])
+def test_a_variable_frame_rate_is_sampled_evenly_in_time(tmp_path, backend):
+    frames = np.stack([np.full((64, 64, 3), 6 * k, np.uint8) for k in range(len(VFR_TIMES))])
+    path = write_video(tmp_path / "vfr.mp4", frames, 30, times=VFR_TIMES)
+    clip = read_video(path, VideoBudget(nframes=6), backends=(backend,))
+    assert clip.backend == backend and clip.total_frames == 40
+    assert clip.fps == pytest.approx(40 / (2.8 + 1 / 30), rel=1e-3)  # the container's mean rate
+    assert clip.indices == [0, 8, 16, 23, 31, 39]
+    # index i stands for 2.8 s * i / 39: 0, 0.574, 1.149, 1.651, 2.226, 2.8 s; the frames
+    # shown nearest are those at 0, 0.567, 1.2, 1.6, 2.2 and 2.8 s (decode order: 0.267 s for 8)
+    levels = every_frame(path)[:, 32, 32, 0].astype(int)  # each frame's own grey, set apart by 5 or 6
+    kept = [int(np.abs(levels - level).argmin()) for level in clip.frames[:, 0, 32, 32]]
+    assert kept == [0, 17, 31, 33, 36, 39]
+    told = np.array(clip.timestamps)  # where the processor places them
+    shown = np.array(VFR_TIMES)[[0, 17, 31, 33, 36, 39]]
+    assert np.abs(told - shown).max() < 0.1
+    assert clip.indices == video_mod.sample_indices(40, clip.fps, VideoBudget(nframes=6))
+    # caches made when frames were kept in decode order miss: the key names the rule
+    assert VideoBudget().key()["frames"] == "shown nearest an even time grid"
+
+
+def test_frames_at_is_the_index_itself_at_a_constant_rate():
+    times = [i * 1001 / 30000 for i in range(9000)]  # 29.97 fps, 5 minutes
+    grid = sample_indices(9000, 30000 / 1001, VideoBudget(fps=2.0))
+    assert video_mod.frames_at(times, grid) == grid
+    assert video_mod.frames_at([0.0, 0.5, 1.0, 2.0], [0, 1, 2, 3]) == [0, 1, 2, 3]
+    assert video_mod.frames_at([0.0, 0.1, 0.2, 3.0], [0, 1, 2, 3]) == [0, 2, 3, 3]  # 1 s, 2 s: nearer 0.2 s, 3 s
+    assert video_mod.frames_at([0.0, 1.0, 1.0, 2.0], [0, 3]) is None  # times that do not rise
+    assert video_mod.frames_at([0.0, None, 2.0], [0, 2]) is None
+
+
+def test_frames_without_rising_times_are_sampled_in_decode_order_and_the_log_says_so(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="omni_rl.preprocess.video"):
+        assert video_mod.shown_frames(tmp_path / "x.mp4", [0.0, 0.0, 0.0], [0, 2]) == [0, 2]
+    assert "x.mp4: the frame times do not rise" in caplog.text
 
 
 def test_pyav_is_the_fallback_when_decord_fails(tmp_path, monkeypatch):
