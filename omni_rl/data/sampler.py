@@ -80,7 +80,13 @@ class SourceUCBSampler:
     :func:`ucb_probabilities` (computed once per ``next_batch`` call), then the source's
     next row in its own seeded epochs. ``observe`` feeds the step's absolute advantages
     into each source's window of the last ``window``. Every rank holds the same state
-    (it observes every rank's completions), and ``state_dict`` saves all of it."""
+    (it observes every rank's completions), and ``state_dict`` saves all of it.
+
+    ``n_j`` counts draws, not observations: a drawn row that brings nothing to the
+    window (skipped as unusable, or its prompt too long) still lowers its source's
+    exploration bonus. That is what keeps a source whose rows never train from being
+    drawn for its bonus forever. (A group that dynamic sampling drops is observed, as
+    |A| = 0 for each completion.)"""
 
     def __init__(self, sources: Sequence[str], seed: int, shuffle: bool, window: int, c: float, temperature: float):
         if not sources:
