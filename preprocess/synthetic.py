@@ -59,10 +59,10 @@ def write_video(
     sample_rate: int = 16_000,
     times: Sequence[float] | None = None,
 ) -> Path:
-    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4, atomically; with
-    ``audio`` (mono float32 [N]) also an AAC track. ``times``: each frame's presentation
-    time in seconds (to the millisecond), for a variable frame rate; unset, frame ``i``
-    shows at ``i / fps``.
+    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p) in an mp4 (or the container
+    ``path``'s suffix names), atomically; with ``audio`` (mono float32 [N]) also an AAC
+    track. ``times``: each frame's presentation time in seconds (to the millisecond),
+    for a variable frame rate; unset, frame ``i`` shows at ``i / fps``.
 
     ``crf=0`` (the default) is lossless: the decoded frames are the frames' YUV to the
     bit, however the encoder chose to code them (libx264 does not choose alike from one
@@ -71,7 +71,7 @@ def write_video(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.mp4")
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix or '.mp4'}")
     height, width = frames.shape[1:3]
     with av.open(str(tmp), mode="w") as container:
         stream = container.add_stream("libx264", rate=fps)

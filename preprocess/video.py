@@ -15,9 +15,11 @@ Frames are spread evenly in time, not in decode order. qwen-vl-utils keeps frame
 ``i`` for each evenly spread index ``i``, and the processors place it at ``i / fps``:
 right for a constant frame rate, but in a variable-rate video (phone recordings,
 screen captures) frame ``i`` may show seconds away from that time. Here index ``i``
-keeps the frame shown nearest its time on the video's own span (``frames_at``), so the
-time the model is told is the time of the frame it sees. At a constant rate that is
-frame ``i`` itself, the frames qwen-vl-utils keeps.
+keeps the frame shown nearest ``i / fps`` (``frames_at``), with ``fps`` the container's
+where the frames keep to it and otherwise their mean rate over their span
+(``frame_rate``), so the time the model is told is the time of the frame it sees. At a
+constant rate the container states, that is frame ``i`` itself, the frame qwen-vl-utils
+keeps.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class VideoClip:
     Attributes:
         frames: uint8 [T, 3, H, W] RGB frames, resized to the budget; channels first, the
             layout torchvision resizes in and the processors take without a copy.
-        fps: the source frame rate.
+        fps: the source's frame rate, as the processors are told it (``frame_rate``).
         total_frames: frames in the source.
         indices: grid index of each sampled frame, [T]: the frame shown nearest time
             ``index / fps`` (the source's frame ``index`` at a constant frame rate).
@@ -138,34 +140,49 @@ def sample_indices(total_frames: int, fps: float, budget: VideoBudget) -> list[i
     return torch.linspace(0, total_frames - 1, n).round().long().tolist()
 
 
-def frames_at(times: Sequence[float | None], grid: list[int]) -> list[int] | None:
-    """The source frames shown nearest the times of ``grid``'s indices (ties: the
-    earlier frame), or None where the times do not rise (missing or broken).
+def rising(times: Sequence[float | None]) -> bool:
+    """Whether frame times can place the frames: two or more, all known, each later
+    than the one before."""
+    return len(times) > 1 and None not in times and bool(np.all(np.diff(np.asarray(times, dtype=np.float64)) > 0))
 
-    ``times``: each source frame's presentation time, in presentation order. Index
-    ``i`` of ``n`` frames stands for time ``t[0] + i * (t[-1] - t[0]) / (n - 1)``, an
-    even grid over the frames' own span: at a constant frame rate that is frame ``i``'s
-    time, so the frames are the indices themselves.
-    """
-    if len(times) < 2 or any(x is None for x in times):
-        return None
+
+def frame_rate(times: Sequence[float], fps: float) -> float:
+    """The frame rate the processors are told: ``fps``, the container's, where every
+    frame shows within half a frame of ``t[0] + i / fps``; otherwise (a variable rate,
+    or a container that states another) the frames' mean rate over their span, so that
+    index ``n - 1`` is the last frame's time."""
+    t = np.asarray(times, dtype=np.float64) - times[0]
+    if np.all(np.abs(t - np.arange(len(t)) / fps) < 0.5 / fps):
+        return fps
+    return (len(t) - 1) / t[-1]
+
+
+def frames_at(times: Sequence[float], grid: list[int], fps: float) -> list[int]:
+    """For each index ``i`` of ``grid``, the source frame shown nearest ``t[0] + i /
+    fps``, the time the processors place it at (ties: the earlier frame). ``times``:
+    each frame's presentation time, rising. At a constant rate that ``fps`` states,
+    frame ``i`` itself."""
     t = np.asarray(times, dtype=np.float64)
-    if not np.all(np.diff(t) > 0):
-        return None
-    wanted = t[0] + np.asarray(grid, dtype=np.float64) * ((t[-1] - t[0]) / (len(t) - 1))
+    wanted = t[0] + np.asarray(grid, dtype=np.float64) / fps
     after = np.clip(np.searchsorted(t, wanted), 1, len(t) - 1)
     nearer_before = wanted - t[after - 1] <= t[after] - wanted
     return np.where(nearer_before, after - 1, after).tolist()
 
 
-def shown_frames(path: Path, times: Sequence[float | None], grid: list[int]) -> list[int]:
-    """``frames_at``, or where the frame times do not rise the grid's indices in decode
-    order (qwen-vl-utils' rule), said in the log."""
-    shown = frames_at(times, grid)
-    if shown is None:
+def sample_frames(
+    path: Path, count: int, times: Sequence[float | None] | None, fps: float, budget: VideoBudget
+) -> tuple[float, list[int], list[int]]:
+    """(the frame rate told, the grid indices, the source frames to keep) of ``count``
+    frames shown at ``times``. Times that do not rise (missing, broken) cannot place
+    the frames: the indices are then kept in decode order at the container's ``fps``
+    (qwen-vl-utils' rule), and the log says so."""
+    if times is None or not rising(times):
         log.warning("%s: the frame times do not rise, so frames are sampled in decode order", path)
-        return list(grid)
-    return shown
+        indices = sample_indices(count, fps, budget)
+        return fps, indices, indices
+    fps = frame_rate(times, fps)
+    indices = sample_indices(count, fps, budget)
+    return fps, indices, frames_at(times, indices, fps)
 
 
 def resized_size(height: int, width: int, nframes: int, budget: VideoBudget) -> tuple[int, int]:
@@ -192,9 +209,12 @@ def _decode_decord(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, 
     import decord
 
     reader = decord.VideoReader(str(path), num_threads=1)
-    total, fps = len(reader), float(reader.get_avg_fps())
-    indices = sample_indices(total, fps, budget)
-    shown = shown_frames(path, reader.get_frame_timestamp(list(range(total)))[:, 0].tolist(), indices)
+    total = len(reader)
+    times = reader.get_frame_timestamp(list(range(total)))[:, 0].tolist()
+    hidden = sum(t < 0 for t in times)
+    if hidden:  # decord counts them, but its frames are the shown ones: counts and indices would slip
+        raise OmniRLError(f"{hidden} frames lie before the start (an edit list hides them)")
+    fps, indices, shown = sample_frames(path, total, times, float(reader.get_avg_fps()), budget)
     return reader.get_batch(shown).asnumpy(), fps, total, indices
 
 
@@ -244,14 +264,14 @@ def _decode_pyav(path: Path, budget: VideoBudget) -> tuple[np.ndarray, float, in
         raise OmniRLError("no frames decoded")
     # packets come in decode order; sorted, their times are the frames' in presentation order
     times = None if None in pts else [float(p * time_base) for p in sorted(pts)]
-    indices = sample_indices(len(pts), fps, budget)
-    frames, decoded = _pyav_sampled(path, shown_frames(path, times or [], indices))
+    told, indices, shown = sample_frames(path, len(pts), times, fps, budget)
+    frames, decoded = _pyav_sampled(path, shown)
     if len(decoded) != len(pts):
         if not decoded:
             raise OmniRLError("no frames decoded")
-        indices = sample_indices(len(decoded), fps, budget)
-        frames, _ = _pyav_sampled(path, shown_frames(path, decoded, indices))
-    return np.stack(frames), fps, len(decoded), indices
+        told, indices, shown = sample_frames(path, len(decoded), decoded, fps, budget)
+        frames, _ = _pyav_sampled(path, shown)
+    return np.stack(frames), told, len(decoded), indices
 
 
 DECODERS = {"decord": _decode_decord, "pyav": _decode_pyav}
@@ -267,7 +287,7 @@ def read_video(path: str | Path, budget: VideoBudget | None = None, backends=("d
     path = Path(path)
     if not path.is_file():
         raise OmniRLError(f"{path}: no such video file")
-    errors = []
+    errors, failed = [], []
     for name in backends:
         try:
             frames, fps, total, indices = DECODERS[name](path, budget)
@@ -276,7 +296,10 @@ def read_video(path: str | Path, budget: VideoBudget | None = None, backends=("d
             continue
         except Exception as err:  # noqa: BLE001 - each backend fails in its own way on bad files
             errors.append(f"{name}: {err}")
+            failed.append(errors[-1])
             continue
+        if failed:
+            log.warning("%s: decoded by %s (%s)", path, name, "; ".join(failed))
         height, width = frames.shape[1:3]
         try:
             size = resized_size(height, width, len(indices), budget)

@@ -130,47 +130,89 @@ def test_keep_frames_converts_only_the_frames_it_keeps():
 VFR_TIMES = [i / 30 for i in range(30)] + [1 + 0.2 * i for i in range(10)]
 
 
-def every_frame(path):
+def every_frame(path, count):
     import decord
 
-    return decord.VideoReader(str(path), num_threads=1).get_batch(list(range(len(VFR_TIMES)))).asnumpy()
+    return decord.VideoReader(str(path), num_threads=1).get_batch(list(range(count))).asnumpy()
 
 
+def kept_frames(clip, path, count):
+    """The ordinal of each of ``clip``'s frames in ``path``, whose frames are greys set
+    apart by 5 or 6 levels."""
+    levels = every_frame(path, count)[:, 32, 32, 0].astype(int)
+    return [int(np.abs(levels - level).argmin()) for level in clip.frames[:, 0, 32, 32]]
+
+
+# mp4 states the mean rate (40 frames / 2.83 s); mkv the first frames' (30)
+@pytest.mark.parametrize(("suffix", "container_fps"), [("mp4", 40 / (2.8 + 1 / 30)), ("mkv", 30.0)])
 @pytest.mark.parametrize("backend", ["decord", "pyav"])
-def test_a_variable_frame_rate_is_sampled_evenly_in_time(tmp_path, backend):
+def test_a_variable_frame_rate_is_sampled_evenly_in_time(tmp_path, backend, suffix, container_fps):
+    import av
+
     frames = np.stack([np.full((64, 64, 3), 6 * k, np.uint8) for k in range(len(VFR_TIMES))])
-    path = write_video(tmp_path / "vfr.mp4", frames, 30, times=VFR_TIMES)
+    path = write_video(tmp_path / f"vfr.{suffix}", frames, 30, times=VFR_TIMES)
+    with av.open(str(path)) as container:
+        assert float(container.streams.video[0].average_rate) == pytest.approx(container_fps, rel=1e-3)
     clip = read_video(path, VideoBudget(nframes=6), backends=(backend,))
     assert clip.backend == backend and clip.total_frames == 40
-    assert clip.fps == pytest.approx(40 / (2.8 + 1 / 30), rel=1e-3)  # the container's mean rate
+    # the rate the processors are told is the frames' own over their span, whatever the container says
+    assert clip.fps == pytest.approx(39 / 2.8, rel=1e-6)
     assert clip.indices == [0, 8, 16, 23, 31, 39]
-    # index i stands for 2.8 s * i / 39: 0, 0.574, 1.149, 1.651, 2.226, 2.8 s; the frames
-    # shown nearest are those at 0, 0.567, 1.2, 1.6, 2.2 and 2.8 s (decode order: 0.267 s for 8)
-    levels = every_frame(path)[:, 32, 32, 0].astype(int)  # each frame's own grey, set apart by 5 or 6
-    kept = [int(np.abs(levels - level).argmin()) for level in clip.frames[:, 0, 32, 32]]
-    assert kept == [0, 17, 31, 33, 36, 39]
+    # index i stands for i / fps: 0, 0.574, 1.149, 1.651, 2.226, 2.8 s; the frames shown
+    # nearest are those at 0, 0.567, 1.2, 1.6, 2.2 and 2.8 s (decode order: 0.267 s for 8)
+    assert kept_frames(clip, path, 40) == [0, 17, 31, 33, 36, 39]
     told = np.array(clip.timestamps)  # where the processor places them
-    shown = np.array(VFR_TIMES)[[0, 17, 31, 33, 36, 39]]
-    assert np.abs(told - shown).max() < 0.1
-    assert clip.indices == video_mod.sample_indices(40, clip.fps, VideoBudget(nframes=6))
+    assert np.abs(told - np.array(VFR_TIMES)[[0, 17, 31, 33, 36, 39]]).max() < 0.06
+    assert clip.metadata()["fps"] == clip.fps and clip.metadata()["frames_indices"] == clip.indices
     # caches made when frames were kept in decode order miss: the key names the rule
     assert VideoBudget().key()["frames"] == "shown nearest an even time grid"
 
 
-def test_frames_at_is_the_index_itself_at_a_constant_rate():
+def test_a_constant_rate_keeps_the_container_rate_and_the_frames_themselves():
     times = [i * 1001 / 30000 for i in range(9000)]  # 29.97 fps, 5 minutes
-    grid = sample_indices(9000, 30000 / 1001, VideoBudget(fps=2.0))
-    assert video_mod.frames_at(times, grid) == grid
-    assert video_mod.frames_at([0.0, 0.5, 1.0, 2.0], [0, 1, 2, 3]) == [0, 1, 2, 3]
-    assert video_mod.frames_at([0.0, 0.1, 0.2, 3.0], [0, 1, 2, 3]) == [0, 2, 3, 3]  # 1 s, 2 s: nearer 0.2 s, 3 s
-    assert video_mod.frames_at([0.0, 1.0, 1.0, 2.0], [0, 3]) is None  # times that do not rise
-    assert video_mod.frames_at([0.0, None, 2.0], [0, 2]) is None
+    fps = 30000 / 1001
+    assert video_mod.frame_rate(times, fps) == fps
+    grid = sample_indices(9000, fps, VideoBudget(fps=2.0))
+    assert video_mod.frames_at(times, grid, fps) == grid
+    # a stated rate the frames drift from (30 stated, 29.97 shown): the frames' own rate
+    assert video_mod.frame_rate(times, 30.0) == pytest.approx(fps, rel=1e-9)
+    assert video_mod.frames_at([0.0, 0.1, 0.2, 3.0], [0, 1, 2, 3], 1.0) == [0, 2, 3, 3]  # 1 s, 2 s: nearer 0.2 s, 3 s
+    assert not video_mod.rising([0.0, 1.0, 1.0, 2.0]) and not video_mod.rising([0.0, None, 2.0])
 
 
 def test_frames_without_rising_times_are_sampled_in_decode_order_and_the_log_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="omni_rl.preprocess.video"):
-        assert video_mod.shown_frames(tmp_path / "x.mp4", [0.0, 0.0, 0.0], [0, 2]) == [0, 2]
+        told, indices, shown = video_mod.sample_frames(tmp_path / "x.mp4", 30, [0.0] * 30, 10.0, VideoBudget())
+    assert told == 10.0 and indices == shown == sample_indices(30, 10.0, VideoBudget())
     assert "x.mp4: the frame times do not rise" in caplog.text
+
+
+def test_frames_an_edit_list_hides_are_not_counted(tmp_path, caplog):
+    """An mp4 trimmed by its edit list: the first 5 of 40 frames lie before the start.
+    decord counts them but returns shown frames by index, so it is refused for PyAV,
+    which decodes only the 35 shown frames."""
+    import av
+
+    frames = np.stack([np.full((64, 64, 3), 6 * k, np.uint8) for k in range(40)])
+    source = write_video(tmp_path / "full.mp4", frames, 10)
+    trimmed = tmp_path / "trimmed.mp4"
+    with av.open(str(source)) as src, av.open(str(trimmed), "w") as out:
+        stream = src.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        shift = round(0.5 / stream.time_base)
+        for packet in src.demux(stream):
+            if packet.dts is not None:
+                packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+                out.mux(packet)
+    with pytest.raises(OmniRLError, match="5 frames lie before the start"):
+        read_video(trimmed, VideoBudget(nframes=8), backends=("decord",))
+    with caplog.at_level("WARNING", logger="omni_rl.preprocess.video"):
+        clip = read_video(trimmed, VideoBudget(nframes=8))
+    assert clip.backend == "pyav" and clip.total_frames == 35 and clip.fps == pytest.approx(10.0)
+    assert "decoded by pyav (decord: 5 frames lie before the start" in caplog.text
+    levels = every_frame(source, 40)[:, 32, 32, 0].astype(int)
+    kept = [int(np.abs(levels - level).argmin()) for level in clip.frames[:, 0, 32, 32]]
+    assert kept == [5 + i for i in sample_indices(35, 10.0, VideoBudget(nframes=8))]
 
 
 def test_pyav_is_the_fallback_when_decord_fails(tmp_path, monkeypatch):
