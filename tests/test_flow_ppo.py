@@ -578,3 +578,14 @@ def test_a_demonstrations_file_takes_the_users_umask(tmp_path):
         finally:
             os.umask(previous)
         assert path.stat().st_mode & 0o777 == mode, oct(path.stat().st_mode)
+
+
+def test_the_largest_ratio_is_the_largest_of_the_steps_mini_batches():
+    """``loss/ratio_max`` over an iteration's updates: the largest of them, not the
+    mean of each update's largest (1.0, 1.1, 1.9 gave 1.333); the other diagnostics
+    stay the mean over updates."""
+    records = [{"n": 4, "loss/ratio_max": m, "loss/ratio_mean": 4 * r} for m, r in ((1.0, 1.0), (1.1, 1.05), (1.9, 1.2))]
+    out = flow_ppo.mean_diagnostics(records, [0.5, 0.5, 0.5])
+    assert out["loss/ratio_max"] == 1.9
+    assert out["loss/ratio_mean"] == pytest.approx((1.0 + 1.05 + 1.2) / 3)
+    assert out["optim/grad_norm"] == pytest.approx(0.5)

@@ -453,17 +453,17 @@ def first_chunk() -> torch.Tensor:
 
 def mean_diagnostics(records: list[dict], grad_norms: list[float]) -> dict:
     """Every process's diagnostics of each mini-batch combined (sums over the global
-    count, the largest ratio), then averaged over mini-batches."""
-    totals = {"optim/grad_norm": sum(grad_norms)}
+    count), then averaged over mini-batches; ``loss/ratio_max`` is the largest ratio
+    of them all."""
+    totals, largest = {"optim/grad_norm": sum(grad_norms)}, {}
     for batch in zip(*distributed.gather_objects([records]), strict=True):
         count = sum(r["n"] for r in batch)
         for key in sorted({k for r in batch for k in r} - {"n"}):
             if key == "loss/ratio_max":
-                value = max(r.get(key, -math.inf) for r in batch)
+                largest[key] = max(largest.get(key, -math.inf), *(r.get(key, -math.inf) for r in batch))
             else:
-                value = sum(r.get(key, 0.0) for r in batch) / count
-            totals[key] = totals.get(key, 0.0) + value
-    return {k: v / max(len(grad_norms), 1) for k, v in totals.items()}
+                totals[key] = totals.get(key, 0.0) + sum(r.get(key, 0.0) for r in batch) / count
+    return {k: v / max(len(grad_norms), 1) for k, v in totals.items()} | largest
 
 
 def epoch_kl(records: list[dict], batches: int) -> float:
