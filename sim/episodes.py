@@ -154,11 +154,14 @@ def collect(policy, env, envs: EnvShare, obs: torch.Tensor, chunks: int, generat
     seeded reset returned, see :func:`episode_seeds`); the iteration's noise is drawn
     for every global env from ``generator`` (in the same state on every process) and
     moved to ``device`` once. Returns the :class:`ChunkBuffer` (on ``device``) and the
-    :class:`EpisodeTotals` of the episodes that ended."""
+    :class:`EpisodeTotals` of each env's first episode, which the seeded reset began
+    and the rollout's ``ceil(max_steps / executed)`` chunks end. Episodes an auto-reset
+    began do not count: of those, the rollout ends only the ones that succeed early
+    (under ``ignore_terminations: false``), which would lift ``env/success_once``."""
     noise = policy.noise(chunks * envs.total, generator).view(chunks, envs.total)[:, envs.rows].to(device)
     obs = obs.float().to(device)
     steps: dict[str, list] = {k: [] for k in ChunkBuffer.__dataclass_fields__}
-    totals = EpisodeTotals(env.num_envs, env.device)
+    totals = EpisodeTotals(env.num_envs, env.device, first_only=True)
     ended = torch.zeros(env.num_envs, dtype=torch.bool, device=device)
     for c in range(chunks):
         sample = policy.sample(obs, noise=noise[c])

@@ -22,8 +22,9 @@ from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, v
 from omni_rl.errors import OmniRLError
 from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, hybrid_step_weights
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
-from omni_rl.sim.episodes import EnvShare, evaluate_success
-from omni_rl.sim.point_mass import PointMassEnv
+from omni_rl.models.flow_policy import ChunkSample
+from omni_rl.sim.episodes import EnvShare, collect, episode_metrics, evaluate_success
+from omni_rl.sim.point_mass import PointMassEnv, expert_action
 
 
 def test_gaussian_logpdf_and_entropy_match_torch_distributions():
@@ -363,3 +364,45 @@ def test_explained_variance_by_hand():
     assert explained_variance(torch.full((4,), 3.0), returns) == pytest.approx(0.0, abs=1e-6)
     # residuals [0, 0, 0, 2]: var 1 of the returns' var 14/3
     assert explained_variance(torch.tensor([1.0, 2.0, 3.0, 4.0]), returns) == pytest.approx(1 - 1 / (14 / 3))
+
+
+class SlowExpert:
+    """A fixed policy: the expert at 15% of its speed, for every action of a chunk."""
+
+    executed = 5
+
+    def noise(self, n, generator):
+        return torch.zeros(n)
+
+    def sample(self, obs, noise=None):
+        actions = (0.15 * expert_action(obs))[:, None].expand(-1, self.executed, -1)
+        n = len(obs)
+        return ChunkSample(
+            actions,
+            torch.zeros(n, 1, self.executed, 2),
+            torch.zeros(n, 1, dtype=torch.bool),
+            torch.zeros(n, self.executed, 2),
+            torch.zeros(n),
+        )
+
+    def value_of(self, obs):
+        return torch.zeros(len(obs))
+
+
+def test_training_episodes_count_each_envs_first_episode_alone():
+    """With terminations on, an episode an auto-reset began ends inside the rollout only
+    if it succeeds early: counting those lifted env/success_once (0.509 where the first
+    episodes succeed 0.4625 of the time in the reviewer's case)."""
+    n, max_steps, policy = 400, 30, SlowExpert()
+    env = PointMassEnv(n, max_episode_steps=max_steps, ignore_terminations=False)
+    obs = env.reset(seed=list(range(n)))
+    chunks = math.ceil(max_steps / policy.executed)
+    rollout, totals = collect(policy, env, EnvShare.whole(n), obs, chunks, torch.Generator(), "cpu")
+    first_end = rollout.done.float().argmax(0)  # each env's first episode ends in the rollout
+    assert rollout.done.any(0).all()
+    succeeded = rollout.terminated[first_end, torch.arange(n)].double().mean().item()
+    later = (rollout.done.sum(0) > 1).sum().item()
+    assert later > 0 and 0.2 < succeeded < 0.8  # some auto-reset episodes ended early too
+    metrics = episode_metrics(totals.totals())
+    assert metrics["env/episodes"] == n
+    assert metrics["env/success_once"] == pytest.approx(succeeded)
