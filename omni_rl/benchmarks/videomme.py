@@ -104,7 +104,11 @@ def subtitles_at(cues: list[tuple[float, float, str]], times: list[float]) -> st
 
 def frame_times(total_frames: int, fps: float, protocol: Protocol) -> list[float]:
     """The times (s) of the frames the decoder samples from a video under ``protocol``
-    (qwen-vl-utils' count: even, within the frame limits; spread evenly)."""
+    (qwen-vl-utils' count: even, within the frame limits; spread evenly). From the
+    header's count and rate (``probe``: no demuxing of hour-long files), which are the
+    decoder's at a constant rate. At a variable rate the header may state another rate
+    than the frames' mean (an mkv its first frames', an mp4 with B-frames one from
+    decode times), and the subtitles then follow other times than the frames."""
     return [i / fps for i in sample_indices(total_frames, fps, VideoBudget(**protocol.frame_sampling()))]
 
 
