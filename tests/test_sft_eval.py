@@ -167,6 +167,17 @@ def _labels_loss(model, batch: dict, labels, tokens: float):
     return model(**batch, labels=labels, num_items_in_batch=tokens, **extra).loss
 
 
+def _whole_aux(model, batch: dict):
+    """The MoE load-balancing term transformers adds whole to a ``labels=`` loss (0
+    without one); SFT weights it by the micro-batch's share of the step's targets."""
+    reset_rope_deltas(model)
+    batch = dict(batch)
+    positions, _ = explicit_positions(model, batch)
+    extra = {"position_ids": positions} if positions is not None else {}
+    aux = getattr(model(**batch, **extra), "aux_loss", None)
+    return 0.0 if aux is None else model.router_aux_loss_coef * aux
+
+
 def _value_and_grads(model, loss_fn):
     params = [p for p in model.parameters() if p.requires_grad]
     loss = loss_fn()
@@ -193,8 +204,11 @@ def test_the_chunked_target_loss_equals_the_labels_loss(family, tiny_checkpoint,
     monkeypatch.setattr(forward, "CHUNK_BYTES", 4 * vocab * 3)  # three positions per chunk
     # transformers' Qwen2-Audio head ignores num_items_in_batch and takes the mean over
     # the micro-batch's targets: its sum is that mean times their count
-    scale = float(mask.sum()) / tokens if family == "qwen2_audio" else 1.0
-    want, want_grads = _value_and_grads(model, lambda: _labels_loss(model, batch, labels, tokens) * scale)
+    share = float(mask.sum()) / tokens
+    scale = share if family == "qwen2_audio" else 1.0
+    want, want_grads = _value_and_grads(
+        model, lambda: _labels_loss(model, batch, labels, tokens) * scale - _whole_aux(model, batch) * (1 - share)
+    )
     got, got_grads = _value_and_grads(model, lambda: sft._target_nll(model, batch, labels, tokens))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
     assert [g is None for g in got_grads] == [w is None for w in want_grads]
@@ -203,6 +217,24 @@ def test_the_chunked_target_loss_equals_the_labels_loss(family, tiny_checkpoint,
     scale = max(float(w.abs().max()) for _, w in pairs)
     for g, w in pairs:
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_an_moe_balancing_term_counts_once_a_step_however_the_rows_are_split(tiny_checkpoint, family_prompts):
+    """Two copies of one row in one micro-batch or in two: the same loss. The balancing
+    term was added whole to each micro-batch, so two micro-batches counted it twice."""
+    model, processor = load(tiny_checkpoint("qwen3_omni_moe_thinker"))
+    model.config.text_config.output_router_logits = True
+    one = family_prompts("qwen3_omni_moe_thinker", processor, only=0)
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(0))
+    batch, labels = append_completion(one, ids, torch.ones_like(ids))
+    tokens = 2.0 * int((labels != -100).sum())
+    with torch.no_grad():
+        apart = sum(float(sft._target_nll(model, batch, labels, tokens)) for _ in range(2))
+        pair = {k: torch.cat([v, v]) for k, v in batch.items()}  # rows, media patches and grids alike
+        together = float(sft._target_nll(model, pair, torch.cat([labels, labels]), tokens))
+        aux = float(_whole_aux(model, batch))
+    assert aux > 1e-4  # the term is there to count
+    assert apart == pytest.approx(together, rel=1e-6)
 
 
 def _peak_bytes(loss_fn, model, *args) -> int:

@@ -91,7 +91,9 @@ def _target_nll(model, batch: dict, labels, tokens: float):
     ``model(**batch, labels=labels, num_items_in_batch=tokens).loss`` in value and
     gradients (a test), except that Qwen2-Audio's transformers head ignores
     ``num_items_in_batch`` and averages each micro-batch: here every family's sum is
-    divided by ``tokens``.
+    divided by ``tokens``; and that an MoE's load-balancing term, which transformers
+    adds whole to each call, is weighted by this micro-batch's share of ``tokens``, so
+    that a step counts it once however its rows are split over micro-batches and ranks.
 
     Args:
         batch: model inputs, ``input_ids`` [B, L] (and their media).
@@ -112,7 +114,8 @@ def _target_nll(model, batch: dict, labels, tokens: float):
     loss = -out.logits[..., 0].sum() / tokens
     aux = getattr(out, "aux_loss", None)
     if aux is not None:  # MoE load balancing, which transformers adds to a ``labels=`` loss
-        loss = loss + _unwrapped(model).router_aux_loss_coef * aux.to(loss.device)
+        share = (targets != IGNORE_INDEX).sum() / tokens
+        loss = loss + _unwrapped(model).router_aux_loss_coef * aux.to(loss.device) * share
     return loss
 
 
