@@ -413,3 +413,54 @@ def test_a_data_parallel_strategy_in_one_process_is_refused_with_the_fix(strateg
     assert resolve_strategy(strategy, 2, in_group=True) == strategy
     assert resolve_strategy(strategy, 1, in_group=True) == strategy  # a tracer's fake group of one
     assert resolve_strategy("auto", 1, in_group=False) == "single" and resolve_strategy("auto", 2, True) == "fsdp"
+
+
+def _linear_engine(total_steps: int) -> TrainingEngine:
+    torch.manual_seed(0)
+    return TrainingEngine(
+        torch.nn.Linear(4, 2), SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), total_steps, schedule="linear"
+    )
+
+
+def _steps(engine: TrainingEngine, count: int) -> list[tuple[float, float]]:
+    """(the rate each step used, optim/lr as logged after it)."""
+    out = []
+    for _ in range(count):
+        engine.backward(engine.model(torch.ones(3, 4)).sum())
+        used = engine.step().lr
+        out.append((used, engine.metrics()["optim/lr"]))
+    return out
+
+
+def test_optim_lr_is_the_rate_the_step_used():
+    """It was the next step's rate: warm-up over 4 steps logged 0.5, 0.75, 1.0 for steps
+    that ran at 0.25, 0.5, 0.75."""
+    engine = TrainingEngine(
+        torch.nn.Linear(4, 2), SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), 10, warmup_steps=4
+    )
+    assert engine.metrics()["optim/lr"] == approx(0.25)  # before any step: the first step's
+    steps = _steps(engine, 3)
+    assert [used for used, _ in steps] == approx([0.25, 0.5, 0.75])
+    assert [logged for _, logged in steps] == approx([0.25, 0.5, 0.75])
+
+
+def test_a_resume_with_more_steps_goes_on_along_the_longer_schedule(tmp_path):
+    """Saved after 4 of 4 linear steps (1, 2/3, 1/3, 0) and resumed with 8: the next
+    steps run at lr_factor(4..7, 0, 8): 3/7, 2/7, 1/7, 0 (the first ran at the saved
+    run's next rate, 0, before), and a resume with the same steps goes on exactly."""
+    from omni_rl.engine import checkpoint
+
+    first = _linear_engine(4)
+    assert [used for used, _ in _steps(first, 4)] == approx([1.0, 2 / 3, 1 / 3, 0.0])
+    checkpoint.save(first, tmp_path, 4, {}, export=False)
+    saved = tmp_path / "checkpoints" / "step-00000004"
+    longer = _linear_engine(8)
+    checkpoint.load(longer, saved)
+    want = [lr_factor(s, 0, 8, "linear") for s in range(4, 8)]
+    assert [used for used, _ in _steps(longer, 4)] == approx(want)
+    half = _linear_engine(8)
+    _steps(half, 2)
+    checkpoint.save(half, tmp_path / "half", 2, {}, export=False)
+    again, through = _linear_engine(8), _steps(half, 2)
+    checkpoint.load(again, tmp_path / "half" / "checkpoints" / "step-00000002")
+    assert _steps(again, 2) == through  # bit for bit

@@ -265,6 +265,7 @@ class TrainingEngine:
         )
         self.bad_steps = 0
         self.skipped_steps = 0
+        self.last_lr: float | None = None  # the rate the latest step used (optim/lr)
 
     @classmethod
     def from_config(
@@ -409,7 +410,7 @@ class TrainingEngine:
         else:
             group_norms = tuple(_clip(params, clip) for params, clip in self.clip_groups)
             grad_norm = math.sqrt(sum(n * n for n in group_norms))
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.last_lr = self.optimizer.param_groups[0]["lr"]
         skipped = not math.isfinite(grad_norm)
         if skipped:
             self.bad_steps += 1
@@ -455,13 +456,14 @@ class TrainingEngine:
     def metrics(self) -> dict:
         """Run-level counters for the metrics log (and this GPU's peak memory so far):
         skipped non-finite steps, the steps the schedule has taken (skipped ones
-        included) and the rate it gives the next step; under FSDP2 on several
+        included) and the rate the latest step used (before any step: the rate the
+        first will use); under FSDP2 on several
         processes, the zero-weight dummy encoder passes since the last call over every
         rank (``omni_rl.engine.encoders``: then every rank must call this together)."""
         row = {
             "optim/skipped_nonfinite": self.skipped_steps,
             "optim/schedule_step": self.scheduler.last_epoch,
-            "optim/lr": self.scheduler.get_last_lr()[0],
+            "optim/lr": self.last_lr if self.last_lr is not None else self.optimizer.param_groups[0]["lr"],
         }
         if self.encoder_locksteps:  # FSDP2 on several processes with media encoders
             (passes,) = distributed.all_sum([float(sum(h.take_count() for h in self.encoder_locksteps))])
@@ -477,8 +479,16 @@ class TrainingEngine:
         return {"bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps, "scheduler": scheduler}
 
     def load_state(self, state: dict) -> None:
+        """Counters and the schedule's position from ``state``. The next step's rate is
+        this run's schedule at that position, not the saved run's: a resume that raises
+        ``trainer.steps`` goes on along the longer schedule from its first step."""
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
         self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
+        position = self.scheduler.last_epoch
+        for group, base, factor in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * factor(position)
 
 
 def _clip(params: list[nn.Parameter], max_norm: float) -> float:
