@@ -282,6 +282,7 @@ def test_two_process_sigkill_and_resume_gives_the_uninterrupted_metrics(tmp_path
 
 ADVANTAGES_ON_RANKS = """
 import json, sys
+from types import SimpleNamespace
 import torch
 from omni_rl.recipe_loader import load_config
 from omni_rl.engine import distributed
@@ -295,8 +296,11 @@ own = groups[ranks.rank * half : (ranks.rank + 1) * half].flatten()  # each rank
 split = distributed.gather_objects(grpo._advantages(own, False, cfg).tolist())
 # rank 1 keeps no group of its own (dynamic sampling) and trains on a filler with zero weight
 filler = distributed.gather_objects(grpo._advantages(own, ranks.rank == 1, cfg).tolist())
+# rank 0 trains groups of lengths 40, 40 (cut) and 10, 10; rank 1 a filler copy of the first
+mine = torch.tensor([40, 40, 10, 10] if ranks.rank == 0 else [40, 40])
+lengths = grpo._rollout_metrics(SimpleNamespace(lengths=mine, truncated=mine == 40), filler=ranks.rank == 1)
 if ranks.is_main:
-    print(json.dumps({"split": split, "filler": filler}))
+    print(json.dumps({"split": split, "filler": filler, "lengths": lengths}))
 distributed.shutdown()
 """
 
@@ -304,7 +308,8 @@ distributed.shutdown()
 def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
     """REINFORCE++ whitens over the global batch: 2 ranks holding 2 groups each give
     one process's advantages of the 4 groups within 1e-5; a filler group on a rank
-    counts in no statistic (rank 0's groups then whiten as one process's 2 would)."""
+    counts in no statistic (rank 0's groups then whiten as one process's 2 would), and
+    in no response length (it was counted beside the original: 30, 0.667, 180)."""
     from omni_rl.recipes import grpo
 
     torch.manual_seed(0)
@@ -317,6 +322,12 @@ def test_reinforce_pp_advantages_on_two_processes_equal_one(tmp_path):
     first, second = (grpo._advantages(half.flatten(), False, cfg) for half in (groups[:2], groups[2:]))
     assert float((torch.cat([first, second]) - one).abs().max()) > 1e-2  # what whitening per rank gives
     torch.testing.assert_close(torch.tensor(result["filler"]), torch.cat([first, torch.zeros(6)]), atol=1e-5, rtol=0)
+    assert result["lengths"] == {
+        "response/length_mean": 25.0,
+        "response/length_max": 40,
+        "response/clipped_fraction": 0.5,
+        "rollout/tokens": 100,
+    }
 
 
 LOCKSTEP_ON_RANKS = """

@@ -814,3 +814,22 @@ def test_offline_below_belongs_to_its_mode():
         load_config(None, ["data.train=x", "algorithm.offline_responses=always", "algorithm.offline_below=0.5"], "grpo")
     with pytest.raises(ConfigError, match="offline_responses: below needs it in"):
         load_config(None, ["data.train=x", "algorithm.offline_responses=below"], "grpo")
+
+
+def test_a_filler_group_adds_nothing_to_the_response_lengths():
+    """A rank left without a group trains a zero-weight copy of group 0; its completions
+    were counted beside the real ones (lengths 40, 40 and 10, 10 dealt to 3 ranks:
+    length_mean 30, clipped 0.667, 180 tokens, where the batch trained is 25, 0.5, 100)."""
+    from types import SimpleNamespace
+
+    def part(lengths, truncated):
+        return SimpleNamespace(lengths=torch.tensor(lengths), truncated=torch.tensor(truncated))
+
+    real = part([40, 40], [True, True])
+    assert grpo._rollout_metrics(real, filler=True) == {}
+    assert grpo._rollout_metrics(real, filler=False) == {
+        "response/length_mean": 40.0,
+        "response/length_max": 40,
+        "response/clipped_fraction": 1.0,
+        "rollout/tokens": 80,
+    }

@@ -381,14 +381,16 @@ def _tokens(batch: Batch, rollouts) -> int:
     return sum(inputs["input_ids"].shape[-1] for inputs in batch.encoded) + int(rollouts.lengths.sum())
 
 
-def _rollout_metrics(rollouts) -> dict:
-    """Response lengths over every rank's completions."""
-    count, total, clipped, longest = distributed.all_sum(
-        [len(rollouts.lengths), float(rollouts.lengths.sum()), float(rollouts.truncated.sum()), 0.0]
-    )
+def _rollout_metrics(rollouts, filler: bool) -> dict:
+    """Response lengths over every rank's completions; a rank's filler group (a copy
+    of another rank's, trained with zero weight) adds none, or they would count twice."""
+    lengths, truncated = rollouts.lengths, rollouts.truncated
+    if filler:
+        lengths, truncated = lengths[:0], truncated[:0]
+    count, total, clipped = distributed.all_sum([len(lengths), float(lengths.sum()), float(truncated.sum())])
+    longest = distributed.all_max(int(lengths.max()) if len(lengths) else 0)
     if not count:
         return {}
-    longest = distributed.all_max(int(rollouts.lengths.max()) if len(rollouts.lengths) else 0)
     return {
         "response/length_mean": total / count,
         "response/length_max": longest,
@@ -506,7 +508,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **distributed.mean_metrics(timer.metrics()),
             **skipped,
             **update,
-            **_rollout_metrics(rollouts),
+            **_rollout_metrics(rollouts, batch.filler),
             **distributed.mean_metrics(report.get("engine") if worker is not None else rollout.metrics()),
             "rollout/staleness": step - collected.version if worker is not None else 0,
             **{k: v for k, v in report.items() if k not in ("engine", "cache")},
