@@ -90,7 +90,9 @@ def reinforce_pp_advantages(
     rewards: torch.Tensor, group_size: int, eps: float = 1e-6, *, batch_sum: BatchSum = local_sum
 ) -> torch.Tensor:
     """REINFORCE++ with a group baseline: r - group mean, then whitened over the whole
-    batch (mean 0, std 1, std with Bessel's correction).
+    batch (mean 0, std 1, std with Bessel's correction), each completion counting once.
+    verl weighs completions by their tokens, which shifts every advantage wherever
+    length and reward go together and gives a group of equal rewards a non-zero one.
 
     Args:
         rewards: [B*G], this process's groups (possibly none).
