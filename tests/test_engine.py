@@ -415,10 +415,10 @@ def test_a_data_parallel_strategy_in_one_process_is_refused_with_the_fix(strateg
     assert resolve_strategy("auto", 1, in_group=False) == "single" and resolve_strategy("auto", 2, True) == "fsdp"
 
 
-def _linear_engine(total_steps: int) -> TrainingEngine:
+def _linear_engine(total_steps: int, lr: float = 1.0) -> TrainingEngine:
     torch.manual_seed(0)
     return TrainingEngine(
-        torch.nn.Linear(4, 2), SGDConfig(lr=1.0, momentum=0.0), torch.device("cpu"), total_steps, schedule="linear"
+        torch.nn.Linear(4, 2), SGDConfig(lr=lr, momentum=0.0), torch.device("cpu"), total_steps, schedule="linear"
     )
 
 
@@ -464,3 +464,18 @@ def test_a_resume_with_more_steps_goes_on_along_the_longer_schedule(tmp_path):
     again, through = _linear_engine(8), _steps(half, 2)
     checkpoint.load(again, tmp_path / "half" / "checkpoints" / "step-00000002")
     assert _steps(again, 2) == through  # bit for bit
+
+
+def test_a_resume_with_another_learning_rate_goes_on_at_it_and_says_so(tmp_path, caplog):
+    """The checkpoint's base rate won silently: resumed with lr 2 after 2 of 8 linear
+    steps at lr 1, the next step ran at 1 * 5/7. It runs at 2 * 5/7 now, with a line."""
+    from omni_rl.engine import checkpoint
+
+    first = _linear_engine(8)
+    _steps(first, 2)
+    checkpoint.save(first, tmp_path, 2, {}, export=False)
+    doubled = _linear_engine(8, lr=2.0)
+    with caplog.at_level("WARNING", logger="omni_rl.engine.engine"):
+        checkpoint.load(doubled, tmp_path / "checkpoints" / "step-00000002")
+    assert "resuming at learning rates [2.0] where the checkpoint's run had [1.0]" in caplog.text
+    assert [used for used, _ in _steps(doubled, 2)] == approx([2 * lr_factor(s, 0, 8, "linear") for s in (2, 3)])

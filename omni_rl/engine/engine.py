@@ -481,14 +481,18 @@ class TrainingEngine:
     def load_state(self, state: dict) -> None:
         """Counters and the schedule's position from ``state``. The next step's rate is
         this run's schedule at that position, not the saved run's: a resume that raises
-        ``trainer.steps`` goes on along the longer schedule from its first step."""
+        ``trainer.steps`` goes on along the longer schedule from its first step, and one
+        that changes the learning rate goes on at the new one (the log says so)."""
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
-        self.scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(self.optimizer.param_groups)})
+        saved, ours = state["scheduler"], list(self.scheduler.base_lrs)
+        if saved["base_lrs"] != ours:
+            log.warning("resuming at learning rates %s where the checkpoint's run had %s", ours, saved["base_lrs"])
+        self.scheduler.load_state_dict({**saved, "base_lrs": ours, "lr_lambdas": [None] * len(ours)})
         position = self.scheduler.last_epoch
         for group, base, factor in zip(
             self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas, strict=True
         ):
-            group["lr"] = base * factor(position)
+            group["lr"], group["initial_lr"] = base * factor(position), base
 
 
 def _clip(params: list[nn.Parameter], max_norm: float) -> float:
