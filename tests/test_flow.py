@@ -20,9 +20,8 @@ from omni_rl.algorithms.flow import (
 )
 from omni_rl.algorithms.ppo import chunk_discounting, explained_variance, gae, value_loss
 from omni_rl.errors import OmniRLError
-from omni_rl.models.flow_policy import FlowPolicy, StateBackbone, hybrid_step_weights
+from omni_rl.models.flow_policy import ChunkSample, FlowPolicy, StateBackbone, hybrid_step_weights
 from omni_rl.models.flow_policy_config import FlowPolicyConfig
-from omni_rl.models.flow_policy import ChunkSample
 from omni_rl.sim.episodes import EnvShare, collect, episode_metrics, evaluate_success
 from omni_rl.sim.point_mass import PointMassEnv, expert_action
 

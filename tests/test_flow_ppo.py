@@ -584,7 +584,8 @@ def test_the_largest_ratio_is_the_largest_of_the_steps_mini_batches():
     """``loss/ratio_max`` over an iteration's updates: the largest of them, not the
     mean of each update's largest (1.0, 1.1, 1.9 gave 1.333); the other diagnostics
     stay the mean over updates."""
-    records = [{"n": 4, "loss/ratio_max": m, "loss/ratio_mean": 4 * r} for m, r in ((1.0, 1.0), (1.1, 1.05), (1.9, 1.2))]
+    pairs = ((1.0, 1.0), (1.1, 1.05), (1.9, 1.2))  # (largest ratio, mean ratio) of each update
+    records = [{"n": 4, "loss/ratio_max": m, "loss/ratio_mean": 4 * r} for m, r in pairs]
     out = flow_ppo.mean_diagnostics(records, [0.5, 0.5, 0.5])
     assert out["loss/ratio_max"] == 1.9
     assert out["loss/ratio_mean"] == pytest.approx((1.0 + 1.05 + 1.2) / 3)
