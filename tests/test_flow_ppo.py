@@ -282,8 +282,8 @@ def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
 
 def test_the_learning_rates_decay_over_the_run(tmp_path):
     """``ppo.lr_schedule`` moves the rates once per optimizer step (iterations x epochs
-    x minibatches of them): the logged actor rate falls to ``min_lr_ratio`` of its peak
-    at the last step."""
+    x minibatches of them): the logged actor rate, that of each iteration's last
+    optimizer step, falls to ``min_lr_ratio`` of its peak at the run's last step."""
     cfg = _config(
         tmp_path,
         ppo={"lr_schedule": "linear", "min_lr_ratio": 0.25, "minibatches": 2},
@@ -291,8 +291,8 @@ def test_the_learning_rates_decay_over_the_run(tmp_path):
     )
     flow_ppo.train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    # the rate after each iteration's 2 steps: 0.25 + 0.75 * (1 - steps / 7), to 0.25
-    expected = [3e-4 * (0.25 + 0.75 * max(1 - s / 7, 0.0)) for s in (2, 4, 6, 8)]
+    # each iteration's second step (0-based 1, 3, 5, 7 of 8) ran at 0.25 + 0.75 * (1 - s / 7)
+    expected = [3e-4 * (0.25 + 0.75 * (1 - s / 7)) for s in (1, 3, 5, 7)]
     assert [r["optim/lr"] for r in rows[1:]] == pytest.approx(expected, rel=1e-6)
 
 
@@ -312,7 +312,10 @@ def test_target_kl_stops_an_iterations_passes_and_the_schedule_still_ends(tmp_pa
     assert [r["update/epochs"] for r in stopped[1:]] == [1, 1, 1]
     assert [r["update/epochs"] for r in plain[1:]] == [4, 4, 4]
     assert stopped[-1]["optim/schedule_step"] == plain[-1]["optim/schedule_step"] == 3 * 4 * 2
-    assert stopped[-1]["optim/lr"] == pytest.approx(0.25 * 3e-4) == plain[-1]["optim/lr"]
+    # the rate of the last step taken: stopped, the last iteration's second (0-based 17
+    # of 24); plain, the run's last, at the schedule's end
+    assert stopped[-1]["optim/lr"] == pytest.approx(3e-4 * (0.25 + 0.75 * (1 - 17 / 23)))
+    assert plain[-1]["optim/lr"] == pytest.approx(0.25 * 3e-4)
     assert stopped[1]["loss/approx_kl"] < plain[1]["loss/approx_kl"]
     assert loose == plain
 
