@@ -9,7 +9,7 @@ import torch
 from pytest import approx
 
 from omni_rl.engine.config import AdamWConfig, SGDConfig
-from omni_rl.engine.engine import TrainingEngine, lr_factor, shard_units
+from omni_rl.engine.engine import TrainingEngine, lr_factor, schedule_warning, shard_units
 from omni_rl.errors import OmniRLError
 from omni_rl.models import load
 from omni_rl.models.inputs import append_completion
@@ -26,6 +26,26 @@ def test_lr_schedules_by_hand():
     assert lr_factor(5, 0, 11, "cosine") == approx(0.5)
     assert lr_factor(0, 0, 11, "cosine") == approx(1.0)
     assert lr_factor(10, 0, 11, "cosine", min_ratio=0.2) == approx(0.2)
+
+
+def test_a_warm_up_too_long_for_the_run_is_named(caplog):
+    """warmup_steps >= steps - 1 leaves a decaying schedule at its peak, and
+    warmup_steps > steps never reaches it: the engine says so when the schedule is set."""
+    for total in range(1, 8):
+        for warmup in range(0, 10):
+            last = lr_factor(total - 1, warmup, total, "linear")
+            warned = schedule_warning(warmup, total, "linear") is not None
+            assert warned == ((last == 1.0 and warmup > 0) or (last < 1.0 and warmup > total)), (warmup, total)
+            peak = max(lr_factor(s, warmup, total, "constant") for s in range(total))
+            assert (schedule_warning(warmup, total, "constant") is not None) == (peak < 1.0), (warmup, total)
+    net = torch.nn.Linear(2, 1)
+    with caplog.at_level("WARNING", logger="omni_rl.engine.engine"):
+        TrainingEngine(net, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=4, schedule="linear", warmup_steps=2)
+        assert not caplog.records
+        TrainingEngine(net, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=4, schedule="cosine", warmup_steps=3)
+    assert [r.getMessage() for r in caplog.records] == [
+        "warmup_steps=3 leaves none of the run's 4 optimizer steps to the cosine schedule: the rate never decays"
+    ]
 
 
 def _batch(processor, family_prompts):

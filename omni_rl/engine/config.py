@@ -33,7 +33,9 @@ class TrainerConfig(ModeDefaults):
     max_grad_norm: float = 1.0
     """Clip the global gradient norm (over all shards) to this; 0 disables clipping."""
     warmup_steps: int = 0
-    """Linear learning-rate warm-up from 0 over this many optimizer steps."""
+    """Linear learning-rate warm-up from 0 over this many optimizer steps; a warning
+    says when it leaves a linear or cosine schedule no step to decay in, or is longer
+    than the run."""
     schedule: Schedule = "constant"
     """Learning rate after warm-up: constant, linear decay or cosine decay to
     ``min_lr_ratio`` x lr at the last optimizer step."""

@@ -78,6 +78,23 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * decay
 
 
+def schedule_warning(warmup: int, total: int, schedule: str) -> str | None:
+    """What a warm-up too long for the run's ``total`` optimizer steps takes from the
+    schedule, or None: ``lr_factor`` never reaches the peak when ``warmup > total``, and
+    a decaying schedule never falls below the peak when ``warmup >= total - 1``."""
+    if warmup > total:
+        return (
+            f"warmup_steps={warmup} exceeds the run's {total} optimizer steps: "
+            f"the rate ends at {total / warmup:.2f} of its peak"
+        )
+    if schedule != "constant" and warmup > 0 and warmup >= total - 1:
+        return (
+            f"warmup_steps={warmup} leaves none of the run's {total} optimizer steps to the {schedule} "
+            "schedule: the rate never decays"
+        )
+    return None
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     """'auto' -> bf16-mixed on CUDA, fp32 elsewhere."""
     if precision == "auto":
@@ -260,6 +277,8 @@ class TrainingEngine:
         # [(params, clip)] per group, or None: one global clip over every parameter
         self.clip_groups = [(list(g["params"]), g.pop("max_grad_norm")) for g in groups] if any(own) else None
         self.optimizer = optimizer.build(groups, self.device)
+        if (problem := schedule_warning(warmup_steps, total_steps, schedule)) is not None:
+            log.warning(problem)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, schedule, min_lr_ratio)
         )
