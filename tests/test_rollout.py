@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from omni_rl.algorithms.losses import token_logprobs
+from omni_rl.errors import OmniRLError
 from omni_rl.models import FAMILIES, load, placeholder_token_ids
 from omni_rl.models.inputs import append_completion
+from omni_rl.rollout.config import RolloutConfig
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
 
@@ -218,3 +220,28 @@ def test_decoding_builds_no_attention_mask(family, tiny_checkpoint, family_promp
     steps = rollouts.completion_ids.shape[1]
     assert steps > 1 and calls.count(False) <= 1, (family, calls)  # built: the prefill's (or none)
     assert calls.count(True) >= steps, (family, calls)  # every step's went through, handed back as it is
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_prompts_leave_room_for_the_completion_within_the_models_positions(family, tiny_checkpoint, caplog):
+    """A prompt and its completion fit the decoder's positions, as the vllm engine
+    requires: the longest prompt is the model's positions less max_new_tokens where
+    rollout.max_prompt_length would pass them, and a completion longer than the
+    positions is refused."""
+    model, processor = load(tiny_checkpoint(family))
+    engine = HFRolloutEngine(model, processor)
+    positions = model.config.get_text_config().max_position_embeddings
+    assert positions == 4096
+    with caplog.at_level("INFO", logger="omni_rl.rollout.hf"):
+        assert engine.max_prompt_tokens(RolloutConfig(max_prompt_length=100, max_new_tokens=256)) == 100
+        assert engine.max_prompt_tokens(RolloutConfig(max_prompt_length=3840, max_new_tokens=256)) == 3840
+        assert not [r for r in caplog.records if r.name == "omni_rl.rollout.hf"]
+        assert engine.max_prompt_tokens(RolloutConfig(max_prompt_length=16384, max_new_tokens=256)) == 3840
+        assert engine.max_prompt_tokens(RolloutConfig(max_prompt_length=16384, max_new_tokens=96)) == 4000
+    said = [r.getMessage() for r in caplog.records if r.name == "omni_rl.rollout.hf"]
+    assert said == [
+        "hf rollout: prompts over 3840 tokens are skipped: the model's 4096 positions less "
+        "rollout.max_new_tokens=256 (rollout.max_prompt_length=16384)"
+    ]
+    with pytest.raises(OmniRLError, match=r"max_new_tokens=4096 leaves no room for a prompt within the model's 4096"):
+        engine.max_prompt_tokens(RolloutConfig(max_new_tokens=4096))

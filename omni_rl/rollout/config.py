@@ -65,7 +65,9 @@ class RolloutConfig:
     max_new_tokens: int = 256
     """Longest completion."""
     max_prompt_length: int = 16384
-    """Prompts longer than this (media tokens included) are skipped and counted."""
+    """Prompts longer than this (media tokens included) are skipped and counted, and so
+    are prompts that leave max_new_tokens no room within the model's positions (hf) or
+    vllm.max_model_len (vllm)."""
     staleness: Literal[0, 1] = 0
     """0: each step's prompts are generated with the weights being trained, then the
     update runs. 1 (one-step-off): the last of torchrun's processes generates step k+1's

@@ -39,6 +39,7 @@ from transformers import (
 )
 
 from omni_rl.engine import distributed, gathering
+from omni_rl.errors import OmniRLError
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import Prefix, prefill, tail_positions
 from omni_rl.models.inputs import collate_prompts
@@ -145,6 +146,13 @@ def stop_token_ids(processor, model: torch.nn.Module) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def max_positions(model: torch.nn.Module) -> int | None:
+    """The decoder's position limit (``max_position_embeddings``), if it has one."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "max_position_embeddings", None)
+
+
 class HFRolloutEngine:
     """Sampling on the training model itself (CPU or GPU).
 
@@ -179,6 +187,7 @@ class HFRolloutEngine:
         if sharded:
             _log.info("hf rollout: FSDP2-sharded model: prefill and decoding run under no_grad, not inference mode")
         self._gathers = {"bytes": 0, "decode_bytes": 0, "decode_steps": 0}
+        self._capped = False  # whether the log has said that the positions limit prompts
 
     def load_weights(self, model: torch.nn.Module | None = None) -> None:
         """Nothing to copy: this engine samples with the training model's own weights."""
@@ -202,8 +211,29 @@ class HFRolloutEngine:
         }
 
     def max_prompt_tokens(self, rollout) -> int:
-        """The longest prompt this engine takes (the ``rollout`` section's limit)."""
-        return rollout.max_prompt_length
+        """The longest prompt this engine takes: the ``rollout`` section's limit, and
+        room for ``max_new_tokens`` within the model's positions (beyond them a rotary
+        model decodes on untrained positions without a word)."""
+        limit = max_positions(self.model)
+        if limit is None or rollout.max_prompt_length + rollout.max_new_tokens <= limit:
+            return rollout.max_prompt_length
+        room = limit - rollout.max_new_tokens
+        if room < 1:
+            raise OmniRLError(
+                f"rollout.max_new_tokens={rollout.max_new_tokens} leaves no room for a prompt "
+                f"within the model's {limit} positions"
+            )
+        if not self._capped:
+            self._capped = True
+            _log.info(
+                "hf rollout: prompts over %d tokens are skipped: the model's %d positions less "
+                "rollout.max_new_tokens=%d (rollout.max_prompt_length=%d)",
+                room,
+                limit,
+                rollout.max_new_tokens,
+                rollout.max_prompt_length,
+            )
+        return room
 
     def rollout(self, samples: list, encoded: list, n: int, sampling: SamplingParams, seeds: list[int]) -> Rollouts:
         """G = ``n`` completions for each prompt; ``encoded`` holds the samples' processor

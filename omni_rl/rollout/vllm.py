@@ -40,7 +40,7 @@ from omni_rl.errors import OmniRLError
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.inputs import AUDIO_SAMPLE_RATE, media_processor_kwargs
 from omni_rl.rollout.config import RolloutConfig
-from omni_rl.rollout.hf import Rollouts, SamplingParams, stop_token_ids
+from omni_rl.rollout.hf import Rollouts, SamplingParams, max_positions, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,6 @@ def package(outputs, n: int, pad_id: int, samples: list[Sample] | None = None) -
     reasons = [c.finish_reason for c in completions]
     texts = [c.text for c in completions]
     return Rollouts(ids, mask, logprobs, lengths, reasons, texts, n)
-
-
-def max_positions(model: torch.nn.Module) -> int | None:
-    """The decoder's position limit (``max_position_embeddings``), if it has one."""
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text, "max_position_embeddings", None)
 
 
 def engine_arguments(rollout: RolloutConfig, model_path: str, seed: int, lora_rank: int, launched: bool) -> dict:
