@@ -175,15 +175,17 @@ def last_tag_block(text: str, tags: re.Pattern) -> str | None:
 
 
 def strip_blocks(text: str, tags: re.Pattern) -> str:
-    """``text`` without its tag blocks (an unclosed block runs to the end)."""
+    """``text`` without its tag blocks (an unclosed block runs to the end; a closing
+    tag before any opening one ends a block the prompt opened, as chat templates that
+    open ``<think>`` in the generation prompt do, so the text before it goes too)."""
     out, depth, position = [], 0, 0
-    for m in tags.finditer(text):
+    for i, m in enumerate(tags.finditer(text)):
         if not m.group(1):
             if depth == 0:
                 out.append(text[position : m.start()])
             depth += 1
-        elif depth:
-            depth -= 1
+        elif depth or i == 0:
+            depth = max(depth - 1, 0)
             position = m.end()
     if depth == 0:
         out.append(text[position:])
