@@ -91,11 +91,15 @@ def test_sound_longer_than_the_processors_window_is_refused_not_cut(tmp_path):
     """Qwen2-Audio's and Qwen2.5-Omni's feature extractors keep the first 30 s (2 s in
     this tiny build) and drop the rest without a word: a longer sound (media.max_audio_
     seconds above the window) is refused, naming the window and the setting; a sound
-    that fits goes through. Qwen3-Omni's processor takes longer sound whole."""
+    that fits goes through, whatever its length in samples (Qwen3-Omni's extractor,
+    padding to the longest sound, drops a last part-frame of under 160 samples: no cut).
+    Qwen3-Omni's processor takes longer sound whole."""
     messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What?"}]}]
     for family in ("qwen2_audio", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"):
         _, processor = load(build_tiny(family, tmp_path / family, audio_seconds=2))
         encode_prompts(processor, [messages], audios=[tone(2.0)])
+        for samples in (16_050, 19_708, 31_999):  # 1.0, 1.2 and 2.0 s, not whole 10 ms frames
+            encode_prompts(processor, [messages], audios=[tone(2.0)[:samples]])
         if family == "qwen3_omni_moe_thinker":
             features = encode_prompts(processor, [messages], audios=[tone(3.0)])["input_features"]
             assert features.shape[-1] == 300  # 3 s of 10 ms frames, whole

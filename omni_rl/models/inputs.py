@@ -148,14 +148,16 @@ def _refuse_cut_sound(processor, waves: list, out) -> None:
     """Refuse a sound the processor cut: the Whisper feature extractors of Qwen2-Audio
     and Qwen2.5-Omni keep their window (30 s in released checkpoints) and drop the rest
     without a word; each sound's frames (``feature_attention_mask``, one row a sound)
-    must cover it. Processors that take longer sound whole pass."""
+    must cover it, up to a last part-frame of under one hop (Qwen3-Omni's extractor,
+    padding to the longest sound, drops that one: no cut). Processors that take longer
+    sound whole pass."""
     mask, extractor = out.get("feature_attention_mask"), getattr(processor, "feature_extractor", None)
     if mask is None or extractor is None:
         return
     if len(mask) != len(waves):
         raise OmniRLError(f"{type(processor).__name__} returned {len(mask)} sound feature rows for {len(waves)} sounds")
     for wave, frames in zip(waves, mask.sum(-1).tolist(), strict=True):
-        if frames < -(-len(wave) // extractor.hop_length):
+        if frames < len(wave) // extractor.hop_length:
             window = extractor.n_samples / extractor.sampling_rate
             raise OmniRLError(
                 f"a sound of {len(wave) / AUDIO_SAMPLE_RATE:.1f} s is longer than {type(processor).__name__}'s "
