@@ -4,7 +4,7 @@ official rule) and boolean.
 
 How an answer names an option (``parse_choice``), in the order tried:
 
-1. a letter alone: "B", "(B)", "[B]", "B.", "B)", "**B**", "Answer: B", "Option (B)";
+1. a letter alone: "B", "(B)", "[B]", "B.", "B)", "**B**", "'B'", "Answer: B", "Option (B)";
 2. an option's text alone ("a dog jumps into the pool", "J.D. Salinger", "B:maj7/1"),
    case, spacing and outer punctuation aside; periods, apostrophes and separators too
    when that still names one option ("J. D. Salinger"), symbols never ("C#" is not "C");
@@ -13,7 +13,8 @@ How an answer names an option (``parse_choice``), in the order tried:
    "B is the correct answer.". Refused when what follows is another option's text,
    lists other options ("A. left B. right", "A, B") or states another letter;
 4. one letter stated as the answer anywhere: "..., so the answer is C", "the best
-   option is (C)", "I think it's B.", "I'd go with C", "C is correct", "Therefore, C.",
+   option is (C)", "The answer is \"C\".", "Answer:" and C on the next line, "I think
+   it's B.", "I'd go with C", "C is correct", "Therefore, C.",
    or an answer phrase followed by an option's text ("the answer is a dog"). Two
    different options stated ("the answer is A or B", "the answer is left or right",
    "the answer is A ... the answer is C") are no answer.
@@ -42,8 +43,8 @@ NEWLINES = re.compile(r" ?\n\s*")
 OUTER = " \n.,;:!?\"'“”‘’*_"
 LOOSE = str.maketrans(dict.fromkeys(".,;:!?'’\"“”()[]{}", " "))
 
-# "B", "(B)", "[B]", "B.", "B)", "B:"
-LONE = re.compile(r"[(\[]? ?([A-Ja-j]) ?[)\]]? ?[.):：]?")
+# "B", "(B)", "[B]", "B.", "B)", "B:", "'B'", "\"B\"."
+LONE = re.compile(r"[(\[\"'“‘]? ?([A-Ja-j]) ?[)\]\"'”’]? ?[.):：]?")
 # "Answer: B", "the answer is (B).", "Option B", "correct choice: C", "letter D"
 SHORT = re.compile(
     r"(?:the |my )?(?:correct |final |best |right )?(?:answer|option|choice|letter)(?: is)? ?[:：]? ?"
@@ -72,7 +73,10 @@ STATED = re.compile(
     r"|答案(?:是|为|[:：])|选择?",
     re.IGNORECASE,
 )
-STATED_LETTER = re.compile(r" ?[:：]? ?(?:(?:option|choice|letter) ?)?([(\[] ?)?([A-Ja-j])(?: ?[)\]])?", re.IGNORECASE)
+# the letter after an answer phrase, on its line or the next ("Answer:\nB"), in brackets or quotes
+STATED_LETTER = re.compile(
+    r"[ \n]?[:：]?[ \n]?(?:(?:option|choice|letter) ?)?([(\[\"'“‘] ?)?([A-Ja-j])(?: ?[)\]\"'”’])?", re.IGNORECASE
+)
 # a word after an "A" or "I" that makes it a letter, not the article or the pronoun
 AFTER_WORD = re.compile(r" ([A-Za-z]+)")
 # what may follow "so"/"therefore" and a letter: the end of a sentence
