@@ -75,19 +75,24 @@ class _UnicodeTokenizer:
         return tokens
 
 
-_ROUGE = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=_UnicodeTokenizer())
+_TOKENIZER = _UnicodeTokenizer()
+_ROUGE = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=_TOKENIZER)
 
 
 def rouge_f1(prediction: str, gold: str) -> float:
-    """Mean of ROUGE-1, ROUGE-2 and ROUGE-L F1."""
+    """Mean of ROUGE-1, ROUGE-2 and ROUGE-L F1; ROUGE-2 only where the gold has a
+    bigram (a one-word gold such as "refrigerator" has none, and its ROUGE-2 of 0 would
+    hold the gold itself to 2/3, as Video-R1's free-form reward does)."""
     scores = _ROUGE.score(gold, prediction)
+    if len(_TOKENIZER.tokenize(gold)) < 2:
+        scores.pop("rouge2")
     return sum(s.fmeasure for s in scores.values()) / len(scores)
 
 
 @register("open_ended", aliases=("free_form", "open", "short_answer"), validate=_validate_text)
 def open_ended(prediction: str, target: Target) -> tuple[float, dict]:
     """A short gold answer (<= 10 characters) needs a normalized exact match; a longer
-    one scores the mean ROUGE-1/2/L F1."""
+    one scores the mean ROUGE-1/2/L F1 (``rouge_f1``)."""
     gold = str(target.answer).strip()
     if len(gold) <= SHORT_ANSWER_CHARS:
         return float(normalize_text(prediction) == normalize_text(gold)), {"metric": "exact"}
