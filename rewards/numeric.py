@@ -62,8 +62,11 @@ def numerical(prediction: str, target: Target) -> tuple[float, dict]:
 
 
 def mean_relative_accuracy(predicted: float, gold: float) -> float:
-    """VSI-Bench's MRA: the fraction of thresholds t in 0.50..0.95 with relative error
-    |pred - gold| / |gold| < 1 - t. A zero gold needs an exact prediction."""
+    """Mean relative accuracy as the VSI-Bench paper writes it and Video-R1's reward
+    computes it: the fraction of thresholds t in 0.50..0.95 with relative error
+    |pred - gold| / |gold| < 1 - t. A zero gold needs an exact prediction. VSI-Bench's
+    code (and ``--benchmark vsibench``, omni_rl.benchmarks.vsibench) also counts an
+    error equal to 1 - t: 3 for 4 scores 0.5 here, 0.6 there."""
     if gold == 0:
         return float(predicted == 0)
     # numbers are compared as the decimals they were written as (2.7 vs 3 is 0.1 off)
