@@ -442,6 +442,8 @@ FALSE = {"no", "n", "false", "f", "0", "incorrect", "wrong", "nope", "negative",
 
 
 STRONG = {"yes": True, "true": True, "no": False, "false": False}
+# a leading "no" that is no answer: "no idea", "No clue.", "no way to tell"
+NO_HEDGE = re.compile(r"no (?:idea|clue|way (?:to|of)|one knows|comment)\b")
 # an answer label, read after punctuation is dropped: "Correct answer: no", "The answer
 # is yes", "Final answer: false" ("correct" there names the answer, it does not affirm)
 ANSWER_LABEL = re.compile(r"(?:(?:the|my) )?(?:(?:correct|final|best|right) )?answer(?: is)?(?: |$)")
@@ -450,7 +452,7 @@ ANSWER_LABEL = re.compile(r"(?:(?:the|my) )?(?:(?:correct|final|best|right) )?an
 def parse_bool(text) -> bool | None:
     """yes/no, true/false, 1/0 and their common forms, alone or leading a sentence
     ("Yes, it is."), or after an answer label ("Correct answer: no"); a hedge naming
-    both ("yes and no") is no answer."""
+    both ("yes and no") or opening with "no" ("no idea") is no answer."""
     if isinstance(text, bool):
         return text
     norm = normalize_text(str(text))
@@ -460,7 +462,7 @@ def parse_bool(text) -> bool | None:
         return True
     if norm in FALSE:
         return False
-    if len({STRONG[w] for w in norm.split() if w in STRONG}) > 1:
+    if len({STRONG[w] for w in norm.split() if w in STRONG}) > 1 or NO_HEDGE.match(norm):
         return None
     first = norm.split(" ", 1)[0] if norm else ""
     if first in TRUE - {"1", "t", "y"}:
