@@ -369,10 +369,12 @@ def test_difficulty_bounds_are_checked(tmp_path, clips, tiny, capsys):
     assert "--low 0.5 and --high 0.5 must satisfy 0 <= low < high <= 1" in capsys.readouterr().err
 
 
-def test_an_engine_answers_each_row_with_a_seed_of_its_own(clips, tiny):
-    """The engine path (vLLM's, here the hf engine's ``rollout``): each row is sampled
-    with a seed from the run's seed and its index, so a row's answers are the same
-    whichever share or call asks it, and another run seed changes them."""
+@pytest.mark.parametrize("given", [True, False], ids=["engine", "model"])
+def test_each_row_is_answered_with_a_seed_of_its_own(clips, tiny, given):
+    """With an engine (vLLM's path, here the hf engine's ``rollout``) or the model
+    alone (curate's and eval's default): each row is sampled with a seed from the run's
+    seed and its index, so a row's answers are the same whichever share, batch or call
+    asks it, and another run seed changes them."""
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.evaluation.answer import answer_rows
     from omni_rl.models import load
@@ -383,17 +385,19 @@ def test_an_engine_answers_each_row_with_a_seed_of_its_own(clips, tiny):
     model, processor = load(tiny)
     cfg = load_config(None, MEDIA, recipe="grpo")
     dataset = MediaDataset(clips, Budgets.from_config(cfg.media), cache_mode="no_cache")
-    engine = HFRolloutEngine(model, processor)
+    engine = HFRolloutEngine(model, processor) if given else None
     sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
 
-    def answers(indices, seed=0):
-        got, failures = answer_rows(model, processor, dataset, sampling, 3, indices, 1, False, engine, seed)
+    def answers(indices, seed=0, batch=1):
+        got, failures = answer_rows(model, processor, dataset, sampling, 3, indices, batch, False, engine, seed)
         assert failures == []
         return {sample.id: texts for sample, texts in got}
 
     whole = answers(list(range(6)))
     assert len(whole) == 6 and all(len(texts) == 3 for texts in whole.values())
+    assert answers(list(range(6))) == whole  # a rerun
     assert answers([0, 2, 4]) | answers([5, 3, 1]) == whole  # two ranks' shares, any order
+    assert answers([5, 3, 1], batch=3) | answers([0, 2, 4], batch=2) == whole  # other batches
     other = answers(list(range(6)), seed=1)
     assert other.keys() == whole.keys() and other != whole
 

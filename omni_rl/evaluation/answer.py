@@ -9,7 +9,6 @@ from tqdm import tqdm
 from omni_rl.data.dataset import MediaDataset, Sample
 from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError, RowFailure
-from omni_rl.models.inputs import collate_prompts
 from omni_rl.rollout import prompt_seed
 from omni_rl.rollout.hf import HFRolloutEngine, SamplingParams
 
@@ -36,9 +35,10 @@ def answer_rows(
         indices: the rows to answer (under torchrun: this rank's share); None: all.
         batch_prompts: prompts generated together (one left-padded batch).
         engine: a rollout engine (``omni_rl.rollout``, loaded with the model's weights)
-            that answers instead of the model itself: vLLM. Each row is then sampled
-            with its own seed, from ``seed`` and the row's index (``prompt_seed``), so its
-            answers do not depend on the rank or batch it falls in.
+            that answers instead of the model itself (vLLM); None: the hf engine on
+            ``model``. Each row is sampled with its own seed, from ``seed`` and the
+            row's index (``prompt_seed``), so its answers do not depend on the rank or
+            batch it falls in, and a rerun with the same seed repeats them.
 
     Returns:
         ``(sample, its samples completions)`` per answered row in ``indices`` order,
@@ -46,7 +46,7 @@ def answer_rows(
 
     Under torchrun a rank short of batches answers filler batches (``lockstep``), and a
     batch of bad rows answers a usable row instead; their answers are dropped."""
-    hf = HFRolloutEngine(model, processor) if engine is None else None
+    engine = HFRolloutEngine(model, processor) if engine is None else engine
     indices = list(range(len(dataset))) if indices is None else indices
     batches = [indices[s : s + batch_prompts] for s in range(0, len(indices), batch_prompts)]
     synced = distributed.ranks().distributed
@@ -70,11 +70,8 @@ def answer_rows(
         if not encoded:
             continue
         with torch.no_grad():
-            if hf is not None:
-                texts = hf.generate(collate_prompts(encoded, processor.tokenizer.pad_token_id), samples, sampling).texts
-            else:
-                seeds = [prompt_seed(seed, i, samples) for i in asked]
-                texts = engine.rollout(prompts, encoded, samples, sampling, seeds).texts
+            seeds = [prompt_seed(seed, i, samples) for i in asked]
+            texts = engine.rollout(prompts, encoded, samples, sampling, seeds).texts
         if real:
             answered += [(s, texts[i * samples : (i + 1) * samples]) for i, s in enumerate(rows)]
     return answered, failures
