@@ -110,11 +110,10 @@ def check_row(raw: object) -> Row | str:
         return _missing(raw, "answer", "is missing")
     media = {}
     for key in MEDIA_FIELDS:
-        value = raw.get(key) or []
-        if isinstance(value, str):
-            value = [value]
+        given = raw.get(key)
+        value = [] if given is None else [given] if isinstance(given, str) and given else given
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-            return f"'{key}' must be a list of paths"
+            return f"'{key}' must be a list of paths, got {given!r:.80}"
         media[key] = tuple(value)
     return Row(
         id=raw["id"],

@@ -124,6 +124,26 @@ def test_rows_report_bad_lines_and_keep_the_rest(tmp_path):
     assert reasons["5"].startswith("expected a JSON object")
 
 
+def test_media_fields_that_name_no_path_are_refused_not_read_as_none(tmp_path):
+    """Only a missing field, null or a list (empty included) says "no media": an empty
+    string (a CSV's empty cell), an object, 0 or false is refused with its reason,
+    where it read as a row without media and trained as a text question."""
+    base = {"problem": "p", "problem_type": "counting", "answer": 3}
+    values = {"a": None, "b": [], "c": "v/c.mp4", "d": "", "e": {}, "f": 0, "g": False, "h": [""]}
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"id": k, **base, "videos": v}) + "\n" for k, v in values.items()))
+    rows, failures = read_rows(path)
+    assert {r.id: r.videos for r in rows} == {"a": (), "b": (), "c": ("v/c.mp4",)}
+    reasons = {f.id: f.reason for f in failures}
+    assert reasons == {
+        "d": "'videos' must be a list of paths, got ''",
+        "e": "'videos' must be a list of paths, got {}",
+        "f": "'videos' must be a list of paths, got 0",
+        "g": "'videos' must be a list of paths, got False",
+        "h": "'videos' must be a list of paths, got ['']",
+    }
+
+
 def test_parquet_rows(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
