@@ -255,6 +255,33 @@ def test_llava_video_turns_become_rows(llava):
     ]
 
 
+def test_llava_video_records_without_a_human_turn_are_failures_not_lost(tmp_path):
+    """Speakers are matched without case ("Human"/"GPT"); a record with no human or
+    user turn (OpenAI-style role/content turns) is a failure naming the speakers seen,
+    where it gave no row and no failure."""
+    touch(tmp_path / "v.mp4")
+    records = [
+        {
+            "id": "caps",
+            "video": "v.mp4",
+            "conversations": [{"from": "Human", "value": "<video>\nColour?"}, {"from": "GPT", "value": "Red."}],
+        },
+        {
+            "id": "roles",
+            "video": "v.mp4",
+            "conversations": [{"role": "user", "content": "Colour?"}, {"role": "assistant", "content": "Red."}],
+        },
+    ]
+    path = tmp_path / "llava.json"
+    path.write_text(json.dumps(records))
+    conversion = FORMATS.get("llava-video")(path)
+    assert [(r["id"], r["answer"]) for r in conversion.rows] == [("caps-0", "Red.")]
+    assert [(f.id, f.path, f.reason) for f in conversion.failures] == [
+        ("roles", f"{path}:1", "no turn from 'human' or 'user' (the turns' 'from': None, None)")
+    ]
+    assert conversion.records == 2
+
+
 def test_llava_video_jsonl_names_lines_and_loads(llava, tmp_path):
     records = json.loads(llava.read_text())
     jsonl = llava.with_suffix(".jsonl")

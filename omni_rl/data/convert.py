@@ -240,7 +240,12 @@ def llava_video(src: Path) -> Conversion:
             conversion.fail(record_id, where, reason)
             continue
         kept = _kept_fields(record, ("id", "video", "image", "conversations"))
-        for k, (question, answer) in enumerate(_pairs(turns)):
+        pairs = _pairs(turns)
+        if not pairs:
+            speakers = ", ".join(repr(t.get("from")) if isinstance(t, dict) else type(t).__name__ for t in turns[:4])
+            conversion.fail(record_id, where, f"no turn from 'human' or 'user' (the turns' 'from': {speakers})")
+            continue
+        for k, (question, answer) in enumerate(pairs):
             row_id = f"{record_id}-{k}"
             if answer is None:
                 conversion.fail(row_id, where, f"turn {k}: no gpt reply")
@@ -270,13 +275,18 @@ def _llava_media(record: dict) -> dict[str, list[str]] | str:
     return media or "no 'video' or 'image'"
 
 
+def _speaker(turn: object) -> str | None:
+    """A turn's ``from``, lower-cased ("Human" is "human")."""
+    return str(turn.get("from")).lower() if isinstance(turn, dict) else None
+
+
 def _pairs(turns: list) -> list[tuple[object, object | None]]:
     """(question, answer) for each human turn; the answer is None when no gpt turn follows."""
     pairs = []
     for i, turn in enumerate(turns):
-        if isinstance(turn, dict) and turn.get("from") in HUMAN:
+        if _speaker(turn) in HUMAN:
             after = turns[i + 1] if i + 1 < len(turns) else None
-            reply = after.get("value") if isinstance(after, dict) and after.get("from") in GPT else None
+            reply = after.get("value") if _speaker(after) in GPT else None
             pairs.append((turn.get("value"), reply))
     return pairs
 
