@@ -121,7 +121,7 @@ def test_the_update_moves_probability_toward_positive_advantages(tmp_path, tiny_
         before = (group_forward(model, inputs, rollouts.completion_ids, mask, 4).logp * mask).sum(-1)
     model.train()
     engine = TrainingEngine(model, SGDConfig(lr=0.5, momentum=0.0), torch.device("cpu"), total_steps=1, max_grad_norm=0)
-    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[0, 1])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[0, 1], numbers=[0, 1])
     pad = processor.tokenizer.pad_token_id
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, logged=True)
     with torch.no_grad():
@@ -476,7 +476,7 @@ def _update_in_one_and_two_forwards(tiny_checkpoint, family_prompts, overrides, 
         mask = torch.ones_like(mask)
         mask[4:, 3:] = 0
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
-    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[3, 4], numbers=[0, 1])
     prompt = max(e["input_ids"].shape[-1] for e in encoded)
     results = []
     for budget in (0, prompt + 4 * 6):  # the second fits one group per forward
@@ -613,7 +613,9 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
         ],
         recipe="grpo",
     )
-    batch = grpo.Batch(samples=[None, None], encoded=[{"input_ids": torch.zeros(1, 3)}] * 2, seeds=[0, 1])
+    batch = grpo.Batch(
+        samples=[None, None], encoded=[{"input_ids": torch.zeros(1, 3)}] * 2, seeds=[0, 1], numbers=[0, 1]
+    )
     rollouts = SimpleNamespace(
         completion_ids=torch.zeros(4, 4, dtype=torch.long),
         logprobs=torch.zeros(4, 4),

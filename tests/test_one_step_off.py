@@ -203,7 +203,7 @@ def _collected(prompt_tokens: list[int], n: int = 2) -> Collected:
         n,
     )
     return Collected(
-        Batch(samples, encoded, list(range(count))),
+        Batch(samples, encoded, list(range(count)), list(range(count))),
         rollouts,
         [f"result{r}" for r in range(count * n)],
         torch.arange(count * n, dtype=torch.float),

@@ -226,7 +226,7 @@ def test_the_logged_mismatch_of_a_stale_engine_matches_a_hand_computation(
     cfg = load_config(None, [*overrides, f"algorithm.rollout_correction_cap={cap}"], recipe="grpo")
     model.train()
     engine = TrainingEngine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
-    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2], numbers=[0, 1])
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
     stats = grpo._update(engine, None, batch, rollouts, mask, advantages, pad, cfg, True, spec)
     assert stats["rollout/logp_abs_diff"] == pytest.approx(expected_abs, rel=1e-4)
@@ -255,7 +255,7 @@ def test_an_engine_on_the_trainers_weights_shows_no_mismatch(tiny_checkpoint, fa
     rollouts = engine.generate(collate_prompts(encoded, pad), 4, SamplingParams(max_new_tokens=6), seeds=[1, 2])
     cfg = load_config(None, ["data.train=x", "rollout.n=4", "algorithm.rollout_correction=tis"], recipe="grpo")
     torch_engine = TrainingEngine(model, SGDConfig(lr=0.1), torch.device("cpu"), total_steps=1)
-    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2])
+    batch = grpo.Batch(samples=[None, None], encoded=encoded, seeds=[1, 2], numbers=[0, 1])
     advantages = torch.tensor([1.0, -1, -1, 1, -1, 1, 1, -1])
     stats = grpo._update(
         torch_engine,

@@ -132,3 +132,30 @@ def test_the_source_probabilities_are_plotted_together(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     written = plot_metrics(tmp_path)
     assert [p.name for p in written] == ["sampler_prob.png"] and written[0].stat().st_size > 1000
+
+
+def test_ranks_that_were_dealt_rows_by_length_feed_the_windows_in_draw_order():
+    """One step's four prompts of source a, drawn long, long, short, short: dealing by
+    prompt tokens gives rank 0 draws 1 and 3 and rank 1 draws 0 and 2, so the gathered
+    advantages come in the order 1, 3, 0, 2. Fed in draw order, the window (which
+    keeps the latest values) and the next draw's probabilities are one process's."""
+    from omni_rl.recipes.common import balance_by_swaps
+    from omni_rl.recipes.grpo import observe_in_draw_order
+
+    dealt = balance_by_swaps([900, 850, 100, 120], [0, 0, 1, 1], 2, 0.05)
+    assert dealt == [1, 0, 1, 0]
+    ranked = [d for rank in (0, 1) for d in range(4) if dealt[d] == rank]  # gathered in rank order
+    magnitude = {0: 0.9, 1: 0.1, 2: 0.5, 3: 0.0}  # |A| of each prompt's two completions
+    sources = ["a"] * 6 + ["b"] * 6
+
+    def fed(order: list[int]) -> SourceUCBSampler:
+        sampler = SourceUCBSampler(sources, 0, True, window=5, c=1.0, temperature=0.1)
+        sampler.next_batch(4)
+        drawn = [d for d in order for _ in range(2)]
+        observe_in_draw_order(sampler, ["a"] * 8, [magnitude[d] for d in drawn], drawn, ["b", "b"])
+        return sampler
+
+    one, two = fed([0, 1, 2, 3]), fed(ranked)
+    assert list(one.recent[0]) == [0.1, 0.5, 0.5, 0.0, 0.0] == list(two.recent[0])
+    assert list(two.recent[1]) == [0.0, 0.0]
+    assert two.probabilities() == pytest.approx(one.probabilities(), abs=0)

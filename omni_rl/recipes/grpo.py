@@ -78,13 +78,15 @@ PUSH_BUCKET_BYTES = 256 * 2**20  # weights pushed to a rollout process per messa
 
 @dataclass
 class Batch:
-    """One step's prompts on this rank, their encoded inputs and sampling seeds.
-    ``filler``: the rank kept no group of its own this step (dynamic sampling) and trains
-    on one with zero weight, so that its forwards stay in step with the other ranks'."""
+    """One step's prompts on this rank, their encoded inputs, sampling seeds and draw
+    numbers in the run. ``filler``: the rank kept no group of its own this step (dynamic
+    sampling) and trains on one with zero weight, so that its forwards stay in step with
+    the other ranks'."""
 
     samples: list[Sample]
     encoded: list[dict]
     seeds: list[int]
+    numbers: list[int]
     filler: bool = False
 
 
@@ -126,7 +128,8 @@ def _draw(
 
     drawn = draw_rows(dataset, sampler, count, processor, too_long, balance)
     seeds = [prompt_seed(cfg.run.seed, number, cfg.rollout.n) for number, _, _ in drawn]
-    return Batch([sample for _, sample, _ in drawn], [inputs for _, _, inputs in drawn], seeds)
+    numbers = [number for number, _, _ in drawn]
+    return Batch([sample for _, sample, _ in drawn], [inputs for _, _, inputs in drawn], seeds, numbers)
 
 
 def _score(samples: list[Sample], texts: list[str], n: int, cfg: GRPOConfig):
@@ -188,7 +191,7 @@ def _collect(
     algo, n = cfg.algorithm, cfg.rollout.n
     want = per_rank(cfg.data.prompts_per_step, distributed.ranks(), "data.prompts_per_step")
     pad = processor.tokenizer.pad_token_id
-    samples, encoded, seeds, parts, results, rewards, filtered = [], [], [], [], [], [], []
+    samples, encoded, seeds, numbers, parts, results, rewards, filtered = [], [], [], [], [], [], [], []
     rounds = 0
     while True:
         short = distributed.all_max(want - len(samples))
@@ -220,14 +223,15 @@ def _collect(
         samples += [drawn.samples[i] for i in keep]
         encoded += [drawn.encoded[i] for i in keep]
         seeds += [drawn.seeds[i] for i in keep]
+        numbers += [drawn.numbers[i] for i in keep]
         parts.append(select_groups(rollouts, keep))
         results += [scored[r] for r in rows]
         rewards.append(reward[rows])
     skipped["sampling_rounds"] = rounds
-    batch = Batch(samples, encoded, seeds)
+    batch = Batch(samples, encoded, seeds, numbers)
     if distributed.all_max(len(samples)) and not samples:
         # nothing kept here while other ranks train: one group with zero weight
-        batch = Batch(drawn.samples[:1], drawn.encoded[:1], drawn.seeds[:1], filler=True)
+        batch = Batch(drawn.samples[:1], drawn.encoded[:1], drawn.seeds[:1], drawn.numbers[:1], filler=True)
         parts.append(select_groups(rollouts, [0]))
         rewards.append(reward[:n])
     return batch, concat_rollouts(parts, pad), results, torch.cat(rewards), filtered
@@ -491,14 +495,16 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             with timer("rollout_wait"):
                 pending = remote.receive_object(worker)
         # LOG: every rank's rewards and diagnostics; a UCB sampler learns each source's
-        # absolute advantages (every rank's, in rank order: the same state on every rank),
-        # a group dynamic sampling dropped counting |A| = 0 for each of its completions
+        # absolute advantages (every rank's, in draw order, as one process would: the same
+        # state on every rank, however rows were dealt), a group dynamic sampling dropped
+        # counting |A| = 0 for each of its completions
         magnitudes = [] if batch.filler else advantages.abs().tolist()
-        everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, strict=True)))
-        columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], []]
-        every_result, every_type, every_source, every_magnitude = columns
+        drawn = [] if batch.filler else [number for number in batch.numbers for _ in range(n)]
+        everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, drawn, strict=True)))
+        columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], [], []]
+        every_result, every_type, every_source, every_magnitude, every_drawn = columns
         every_filtered = distributed.gather_objects(collected.filtered)
-        sampler.observe(every_source + every_filtered, every_magnitude + [0.0] * len(every_filtered))
+        observe_in_draw_order(sampler, every_source, every_magnitude, every_drawn, every_filtered)
         scores = reward_metrics(every_result, every_type, every_source) if everything else {}
         skipped = _skipped_metrics(collected.skipped)
         report = collected.report
@@ -531,6 +537,16 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     log.close()
     finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
     return row or last_row(run.out)
+
+
+def observe_in_draw_order(sampler, sources: list, magnitudes: list, drawn: list, filtered: list) -> None:
+    """Feed the sampler a step's absolute advantages, one per completion of every rank
+    (gathered in rank order, with each completion's prompt's draw number), in draw order:
+    dealing rows by length (``data.balance_tolerance``) can give a rank a later draw of
+    a source than another rank holds, and a source's window keeps its latest values.
+    Then |A| = 0 for each completion of the groups dynamic sampling dropped."""
+    order = sorted(range(len(drawn)), key=drawn.__getitem__)
+    sampler.observe([sources[i] for i in order] + filtered, [magnitudes[i] for i in order] + [0.0] * len(filtered))
 
 
 def _skipped_metrics(skipped: dict) -> dict:
@@ -635,7 +651,11 @@ def _deal_to_trainers(collected: Collected, trainers: int, cfg: GRPOConfig) -> l
             keep = [0]
         rows = _rows(keep, n)
         part = Batch(
-            [batch.samples[i] for i in keep], [batch.encoded[i] for i in keep], [batch.seeds[i] for i in keep], filler
+            [batch.samples[i] for i in keep],
+            [batch.encoded[i] for i in keep],
+            [batch.seeds[i] for i in keep],
+            [batch.numbers[i] for i in keep],
+            filler,
         )
         parts.append(
             Collected(
