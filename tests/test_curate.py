@@ -42,6 +42,14 @@ def test_a_row_without_media_keeps_its_question_and_options():
     assert record == {"id": "r1", "problem": "In which square flashes first?", "options": options, "answer": "A"}
 
 
+def test_a_row_without_media_keeps_its_lines():
+    """Only the placeholders go (and a line they leave empty): the question's lines and
+    blank lines stay as training shows them."""
+    question = "<video>\nWatch the clip.\n\nQuestion: which way? <video>\n(1) left\n(2)  right"
+    row = Row("r1", question, "multiple_choice", "A", videos=("a.mp4",), fields={"problem": question})
+    assert curate.without_media(row)["problem"] == "Watch the clip.\n\nQuestion: which way?\n(1) left\n(2)  right"
+
+
 def test_written_rows_name_their_media_from_where_they_are_written(tmp_path):
     data = tmp_path / "data"
     record = {"id": "r1", "videos": ["media/a.mp4", "/abs/b.mp4"], "images": ["c.png"], "answer": "A"}

@@ -93,10 +93,23 @@ class Difficulty:
 
 def without_media(row: Row) -> dict:
     """``row`` as a record with its media taken out: no images, videos or audios, the
-    problem's ``<image>``/``<video>``/``<audio>`` placeholders removed, the rest as it was."""
+    problem's ``<image>``/``<video>``/``<audio>`` placeholders removed (with the spaces
+    around them, and their line when nothing else is on it), the rest as it was."""
     record = {k: v for k, v in row.fields.items() if k not in (*MEDIA_FIELDS, "use_audio_in_video")}
-    record["problem"] = " ".join(PLACEHOLDER.sub(" ", row.problem).split())
+    record["problem"] = _placeholders_removed(row.problem)
     return record
+
+
+def _placeholders_removed(problem: str) -> str:
+    """``problem`` without its media placeholders; lines without one are kept as written."""
+    lines = []
+    for line in problem.split("\n"):
+        if PLACEHOLDER.search(line):
+            line = " ".join(PLACEHOLDER.sub(" ", line).split())
+            if not line:
+                continue
+        lines.append(line)
+    return "\n".join(lines).strip()
 
 
 def read_passes(path: Path, curation: str = "text-only") -> dict[str, dict]:
