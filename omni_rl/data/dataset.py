@@ -322,11 +322,12 @@ class MediaDataset:
         return medium_key(kind, path, self.budgets)
 
     def cache_metrics(self) -> dict[str, int]:
-        """Reads so far: from the cache, decoded from raw files, and found by hashing the
-        source because the index could not name the entry; videos used without the
-        sound their row asked for (``missing_video_audio: video_only``); sounds cut at
-        ``media.max_audio_seconds``; and bad rows skipped (each counted once, on the
-        process that found it)."""
+        """Reads since this dataset was made (a resumed run counts from its resume: a
+        checkpoint does not keep these): from the cache, decoded from raw files, and
+        found by hashing the source because the index could not name the entry; videos
+        used without the sound their row asked for (``missing_video_audio:
+        video_only``); sounds cut at ``media.max_audio_seconds``; and bad rows skipped
+        (each counted once, on the process that found it)."""
         return {
             "data/cache_hits": self.cache_hits,
             "data/cache_misses": self.cache_misses,
