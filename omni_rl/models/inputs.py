@@ -256,7 +256,11 @@ def collate_prompts(prompts: Sequence[dict], pad_id: int) -> dict:
 
     Encoding each prompt once and collating any subset of them (a mini-batch, the
     prompts that survive filtering) gives the same inputs as encoding that subset
-    together, without running the processor again.
+    together, without running the processor again; but for Qwen3-Omni's sound features,
+    which its processor computes over sounds padded to the longest of a call (a shorter
+    sound's last frame differs, 0.009 at most for a 1 s sound beside a 2 s one). Here
+    each prompt keeps the features of its sound alone, as a per-request engine (vLLM)
+    computes them, whatever batch it lands in.
     """
     width = max(p["input_ids"].shape[1] for p in prompts)
     batch: dict = {}
