@@ -85,7 +85,25 @@ def test_the_report_counts_by_hand():
     # the same answers under curate difficulty (0, 1): the rows always or never solved leave
     hard = curate.report(rows, done, curate.Difficulty(0.0, 1.0))
     assert hard["per_type"]["multiple_choice"]["dropped"] == 1 and hard["overall"]["dropped"] == 1
-    assert "pass rate with the media outside (0, 1) drops the row" in curate.report_table(hard)
+    assert "outside (0, 1), or answers that all scored alike, drop the row" in curate.report_table(hard)
+
+
+def test_difficulty_drops_a_row_whose_answers_all_score_alike():
+    """A continuous score (IoU here) can be the same mid-range value in every answer:
+    the pass rate is inside (0, 1) but GRPO's group would get no advantage, so the row
+    leaves; answers of the same mean that differ keep it. Text-only reads the rate alone."""
+    fields = {"id": "t", "problem": "When?", "problem_type": "temporal_grounding", "answer": [0, 10]}
+    row = Row("t", "When?", "temporal_grounding", [0, 10], fields=fields)
+    same = {"t": ["<answer>0 to 5</answer>"] * 4}  # IoU 0.5 each
+    spread = {"t": ["<answer>0 to 10</answer>", "<answer>20 to 30</answer>"] * 2}  # IoU 1 and 0
+    (flat,) = curate.pass_records([row], same, None, {})
+    (varied,) = curate.pass_records([row], spread, None, {})
+    assert (flat["pass_rate"], flat["alike"]) == (0.5, True)
+    assert (varied["pass_rate"], varied["alike"]) == (0.5, False)
+    assert curate.Difficulty().drops(flat) and not curate.Difficulty().drops(varied)
+    assert not curate.TextOnly(0.875).drops(flat)
+    (single,) = curate.pass_records([row], {"t": same["t"][:1]}, None, {})
+    assert not single["alike"]  # one answer is no group
 
 
 def canned(check):

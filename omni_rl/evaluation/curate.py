@@ -24,7 +24,7 @@ from omni_rl.data.dataset import PLACEHOLDER, MediaDataset
 from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.evaluation.answer import answer_rows, gathered
-from omni_rl.evaluation.score import score_rows
+from omni_rl.evaluation.score import row_accuracies
 from omni_rl.evaluation.summary import chance
 from omni_rl.preprocess.cache import file_digest
 from omni_rl.preprocess.pipeline import Budgets
@@ -60,8 +60,9 @@ class TextOnly:
     scores_decoys = True
     """Its drops are scored against the decoy labels (a decoy is a row its wording answers)."""
 
-    def drops(self, rate: float) -> bool:
-        return rate >= self.threshold
+    def drops(self, record: dict) -> bool:
+        """Whether the row of a progress record (``pass_records``) leaves."""
+        return record["pass_rate"] >= self.threshold
 
     def describe(self) -> str:
         return f"a text-only pass rate >= {self.threshold:g} drops the row"
@@ -72,7 +73,9 @@ class TextOnly:
 
 @dataclass(frozen=True)
 class Difficulty:
-    """Ask with the media; a row stays while ``low`` < pass rate < ``high``."""
+    """Ask with the media; a row stays while ``low`` < pass rate < ``high`` and its
+    answers did not all score alike (a continuous score, IoU or MRA, can be the same
+    mid-range value in every answer: GRPO's group would get no advantage)."""
 
     low: float = 0.0
     high: float = 1.0
@@ -81,11 +84,14 @@ class Difficulty:
     scores_decoys = False
     """A decoy is as easy with its media as without: the labels say nothing of these drops."""
 
-    def drops(self, rate: float) -> bool:
-        return not self.low < rate < self.high
+    def drops(self, record: dict) -> bool:
+        """Whether the row of a progress record (``pass_records``) leaves (a record
+        written before ``alike`` was recorded counts as not alike)."""
+        return not self.low < record["pass_rate"] < self.high or record.get("alike", False)
 
     def describe(self) -> str:
-        return f"a pass rate with the media outside ({self.low:g}, {self.high:g}) drops the row"
+        bounds = f"({self.low:g}, {self.high:g})"
+        return f"a pass rate with the media outside {bounds}, or answers that all scored alike, drop the row"
 
     def as_dict(self) -> dict:
         return {"curation": self.name, "low": self.low, "high": self.high}
@@ -337,10 +343,7 @@ def curate(
         )
         answers, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
-        records = [
-            {"id": row.id, "pass_rate": mean_accuracy, "answers": answers[row.id], **key}
-            for row, (*_, mean_accuracy) in zip(asked, score_rows(asked, answers, settings), strict=True)
-        ]
+        records = pass_records(asked, answers, settings, key)
         if where.is_main:
             with (out / PASSES).open("a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in records))
@@ -352,6 +355,22 @@ def curate(
         _write_split(out, rows, done, rule, Path(data).parent, unusable)
         (out / "report.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def pass_records(rows: list[Row], answers: dict[str, list[str]], settings, key: dict) -> list[dict]:
+    """A progress record of each answered row: its id, its pass rate (the mean accuracy
+    of its answers: the share right where accuracy is 0 or 1), whether every answer
+    scored alike (of two or more), its answers, and ``key`` (what asked it)."""
+    return [
+        {
+            "id": row.id,
+            "pass_rate": sum(scores) / len(scores),
+            "alike": len(scores) > 1 and len(set(scores)) == 1,
+            "answers": answers[row.id],
+            **key,
+        }
+        for row, scores in row_accuracies(rows, answers, settings)
+    ]
 
 
 def _write_split(
@@ -367,12 +386,12 @@ def _write_split(
     pass rate, and every other row is kept."""
     kept, dropped = [], []
     for row in rows:
-        rate = done.get(row.id, {}).get("pass_rate")
+        asked = done.get(row.id)
         record = moved(row.fields, root, out)
         if row.id in unusable:
             dropped.append({**record, "unusable": unusable[row.id]})
-        elif rate is not None and rule.drops(rate):
-            dropped.append({**record, rule.rate_key: rate})
+        elif asked is not None and rule.drops(asked):
+            dropped.append({**record, rule.rate_key: asked["pass_rate"]})
         else:
             kept.append(record)
     usable = [r for r in kept + dropped if "unusable" not in r]
@@ -422,7 +441,7 @@ def report(
     ``unusable_rows``: rows training would refuse (in ``dropped.jsonl``)."""
     groups: dict[str, dict[str, list]] = {"per_type": defaultdict(list), "per_source": defaultdict(list)}
     for row in rows:
-        entry = (done.get(row.id, {}).get("pass_rate"), chance(row.fields))
+        entry = (done.get(row.id), chance(row.fields))
         groups["per_type"][row.problem_type].append(entry)
         groups["per_source"][row.fields.get("data_source") or "unknown"].append(entry)
     everything = [e for entries in groups["per_type"].values() for e in entries]
@@ -444,7 +463,7 @@ def against_labels(rows: list[Row], done: dict[str, dict], rule: TextOnly | Diff
     recall, the share of decoys dropped; precision, the share of drops that are decoys
     (None with no decoys or no drops)."""
     decoys = {row.id for row in rows if row.fields.get(LABEL) is True}
-    dropped = {row.id for row in rows if row.id in done and rule.drops(done[row.id]["pass_rate"])}
+    dropped = {row.id for row in rows if row.id in done and rule.drops(done[row.id])}
     hits = len(decoys & dropped)
     return {
         "decoys": len(decoys),
@@ -455,10 +474,12 @@ def against_labels(rows: list[Row], done: dict[str, dict], rule: TextOnly | Diff
     }
 
 
-def _group(entries: list[tuple[float | None, float | None]], rule: TextOnly | Difficulty) -> dict:
-    rates = [rate for rate, _ in entries if rate is not None]
+def _group(entries: list[tuple[dict | None, float | None]], rule: TextOnly | Difficulty) -> dict:
+    """The report's counts over (progress record or None when unasked, chance) entries."""
+    asked = [record for record, _ in entries if record is not None]
+    rates = [record["pass_rate"] for record in asked]
     chances = [c for _, c in entries if c is not None]
-    dropped = sum(rule.drops(rate) for rate in rates)
+    dropped = sum(rule.drops(record) for record in asked)
     return {
         "rows": len(entries),
         "unasked": len(entries) - len(rates),

@@ -9,13 +9,12 @@ from omni_rl.preprocess.rows import Row
 from omni_rl.rewards import RewardSettings, Target, score_batch
 
 
-def score_rows(
+def row_accuracies(
     rows: list[Row], answers: dict[str, list[str]], settings: RewardSettings | None = None
-) -> list[tuple[str, str, float, float]]:
-    """``(problem type, data source, best accuracy, mean accuracy)`` of each of ``rows``
-    answered in ``answers`` ({row id: completions}), in the rows' order: its best
-    completion's accuracy and the mean over its completions. ``settings``: the run's
-    reward settings (None: the defaults)."""
+) -> list[tuple[Row, list[float]]]:
+    """Each of ``rows`` answered in ``answers`` ({row id: completions}), in the rows'
+    order, with its completions' accuracies. ``settings``: the run's reward settings
+    (None: the defaults)."""
     answered = [row for row in rows if row.id in answers]
     flat = [(row, text) for row in answered for text in answers[row.id]]
     results = score_batch(
@@ -27,10 +26,18 @@ def score_rows(
     scores: dict[str, list[float]] = {}
     for (row, _), result in zip(flat, results, strict=True):
         scores.setdefault(row.id, []).append(result.accuracy)
+    return [(row, scores[row.id]) for row in answered]
+
+
+def score_rows(
+    rows: list[Row], answers: dict[str, list[str]], settings: RewardSettings | None = None
+) -> list[tuple[str, str, float, float]]:
+    """``(problem type, data source, best accuracy, mean accuracy)`` of each of ``rows``
+    answered in ``answers`` ({row id: completions}), in the rows' order: its best
+    completion's accuracy and the mean over its completions (``row_accuracies``)."""
     return [
         (row.problem_type, row.fields.get("data_source") or "unknown", max(s), sum(s) / len(s))
-        for row in answered
-        for s in [scores[row.id]]
+        for row, s in row_accuracies(rows, answers, settings)
     ]
 
 
