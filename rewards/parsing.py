@@ -44,7 +44,7 @@ NUMBER_WORDS = {
 # A number: optional sign, digits with optional thousands separators, decimals,
 # exponent, an optional fraction denominator and a percent sign.
 NUMBER = re.compile(
-    r"(?<![\w.])([-+−]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d{1,4}))?(?:\s*/\s*(\d+))?\s*(%)?"
+    r"(?<![\w.])([-+−]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?(?:[eE]([-+]?\d{1,4}))?(?:\s*/\s*(\d+))?\s*(%)?"
     r"|(?<![\w.])([-+−]?)\.(\d+)"
 )
 # "a × 10^b" (× written ×, \\times, \\cdot, · or *; the power ^ or **, its exponent in
@@ -55,14 +55,21 @@ TIMES_TEN_TO = re.compile(
 )
 # A whole word: "someone" and "twenty-one" hold none.
 NUMBER_WORD = re.compile(r"(?<![\w-])(" + "|".join(NUMBER_WORDS) + r")(?![\w-])", re.IGNORECASE)
+# "one" as a pronoun, not a number: "each one", "the one on the left", "no one", "one of them"
+PRONOUN_ONE = re.compile(
+    r"(?:\b(?:each|this|that|the|which|every|any|no|some|another|other|same|last|next|right|wrong) )one\b"
+    r"|\bone(?= of\b|'s\b| another\b)",
+    re.IGNORECASE,
+)
 MAX_NUMBER_TEXT = 5_000
 
 
 def _last_number_word(text: str) -> tuple[int, float | None] | None:
-    """(position, value) of the last number word in ``text``, or None when there is
-    none. Its value is None when another number word precedes it with only spaces
+    """(position, value) of the last number word in ``text`` ("one" as a pronoun
+    aside), or None when there is none. Its value is None when another number word precedes it with only spaces
     between ("twenty one"): words past twenty are not read, not misread as one."""
-    words = list(NUMBER_WORD.finditer(text))
+    pronouns = {m.end() for m in PRONOUN_ONE.finditer(text)}
+    words = [m for m in NUMBER_WORD.finditer(text) if m.end() not in pronouns]
     if not words:
         return None
     last = words[-1]
