@@ -47,6 +47,15 @@ class DecodedImage:
     original_size: tuple[int, int]
 
 
+def smart_size(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """qwen-vl-utils' ``smart_resize`` with each side at least ``factor``: where
+    ``max_pixels`` binds on an image wider (or taller) than ``max_pixels / factor**2``
+    to 1, it floors the short side to 0, and transformers' Qwen processors keep one
+    patch row there (a 40x6000 image under 128 x 28 x 28 pixels: 28 x 3864)."""
+    new_h, new_w = qvu.smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return max(factor, new_h), max(factor, new_w)
+
+
 def read_image(path: str | Path, budget: ImageBudget | None = None) -> DecodedImage:
     """Open an image, apply its EXIF orientation, convert to RGB (alpha over white, as
     qwen-vl-utils does) and resize under the budget with PIL's bicubic filter."""
@@ -62,9 +71,7 @@ def read_image(path: str | Path, budget: ImageBudget | None = None) -> DecodedIm
     width, height = image.size
     min_pixels, max_pixels = budget.pixels()
     try:
-        new_h, new_w = qvu.smart_resize(
-            height, width, factor=budget.factor, min_pixels=min_pixels, max_pixels=max_pixels
-        )
+        new_h, new_w = smart_size(height, width, budget.factor, min_pixels, max_pixels)
     except ValueError as err:
         raise OmniRLError(f"{path}: cannot resize {width}x{height} image: {err}") from None
     resized = image.resize((new_w, new_h), Image.Resampling.BICUBIC)

@@ -36,6 +36,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as tvf
 
 from omni_rl.errors import OmniRLError
+from omni_rl.preprocess.image import smart_size
 
 FRAME_FACTOR = qvu.FRAME_FACTOR  # frames come in pairs: the temporal patch is 2
 
@@ -189,7 +190,7 @@ def resized_size(height: int, width: int, nframes: int, budget: VideoBudget) -> 
     """(height, width) of each frame after ``smart_resize`` under the budget."""
     min_pixels, max_pixels = budget.frame_pixels(nframes)
     try:
-        return qvu.smart_resize(height, width, factor=budget.factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        return smart_size(height, width, budget.factor, min_pixels, max_pixels)
     except ValueError as err:  # extreme aspect ratios
         raise OmniRLError(f"cannot resize {width}x{height} frames: {err}") from None
 

@@ -82,6 +82,24 @@ def test_images_follow_exif_and_the_budget(tmp_path):
     np.testing.assert_array_equal(plain.pixels, np.asarray(reference))
 
 
+def test_a_panorama_keeps_one_patch_row_as_the_qwen_processors_do(tmp_path):
+    """A 40x6000 image under 128 x 28 x 28 pixels: qwen-vl-utils' smart_resize floors
+    its height to 0 (PIL then raised a bare ValueError that stopped training);
+    transformers' Qwen2-VL smart_resize keeps 28 rows, and so does read_image. A video
+    of that shape gets its frames the same way."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    from omni_rl.preprocess.video import resized_size
+
+    path = write_image(tmp_path / "pano.png", np.full((40, 6000, 3), 128, np.uint8))
+    budget = ImageBudget(patch_size=14, max_pixels=128 * 28 * 28)
+    want = smart_resize(40, 6000, factor=28, min_pixels=budget.pixels()[0], max_pixels=128 * 28 * 28)
+    assert want == (28, 3864)
+    assert read_image(path, budget).pixels.shape == (*want, 3)
+    video = VideoBudget(max_frames=4, max_pixels=128 * 28 * 28, total_pixels=4 * 128 * 28 * 28)
+    assert resized_size(40, 6000, 4, video) == want
+
+
 def test_rgba_images_are_composited_on_white(tmp_path):
     rgba = np.zeros((56, 56, 4), dtype=np.uint8)
     path = tmp_path / "clear.png"
