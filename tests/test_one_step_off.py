@@ -271,3 +271,23 @@ def test_settings_a_one_step_off_rollout_cannot_take_are_refused(tmp_path, overr
     config = grpo_config(tmp_path, rows, "fsdp", **OFF)
     with pytest.raises(ConfigError, match=says):
         load_config(config, [override])
+
+
+def test_the_rollout_process_samples_in_bf16_with_fp32_rotary_frequencies(tiny_checkpoint):
+    """Under a bf16 precision the rollout process holds its weights in bf16, as the
+    trainer's forward computes; its rotary frequencies stay fp32, as they are in the
+    trainer's model and in a checkpoint loaded in bf16 (module.to(bf16) rounded them,
+    a position-dependent error the trainer's model does not have)."""
+    from omni_rl.models import load
+    from omni_rl.recipes.grpo import cast_weights
+
+    model, _ = load(tiny_checkpoint("qwen2_5_vl"))
+    frequencies = {name: b.clone() for name, b in model.named_buffers() if name.endswith("inv_freq")}
+    assert frequencies and all(b.dtype == torch.float32 for b in frequencies.values())
+    cast_weights(model, torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    after = dict(model.named_buffers())
+    for name, before in frequencies.items():
+        assert after[name].dtype == torch.float32 and torch.equal(after[name], before), name
+    loaded, _ = load(tiny_checkpoint("qwen2_5_vl"), dtype=torch.bfloat16)  # what from_pretrained keeps
+    assert {b.dtype for n, b in loaded.named_buffers() if n.endswith("inv_freq")} == {torch.float32}
