@@ -176,7 +176,7 @@ def test_vsibench_mra_and_accuracy(tmp_path):
 @pytest.mark.parametrize("layout", ["txt", "parquet"])
 def test_charades_sta_miou_and_recall(tmp_path, layout):
     responses = bench_fixtures.charades_sta(tmp_path / "unused")
-    results, _ = scored(tmp_path, "charades_sta", responses, layout=layout)
+    results, samples = scored(tmp_path, "charades_sta", responses, layout=layout)
     got = metrics(results, "charades_sta")
     # IoUs: 1.0, and [0.5, 1.0] against [0.5, 2.0] = 0.5 / 1.5
     assert got["mIoU"] == pytest.approx(100 * (1.0 + 1 / 3) / 2)
@@ -184,6 +184,10 @@ def test_charades_sta_miou_and_recall(tmp_path, layout):
     assert got["R@0.5"] == pytest.approx(50.0)
     assert got["R@0.7"] == pytest.approx(50.0)
     assert results["skipped"]["count"] == 1 and "GONE1" in results["skipped"]["rows"][0]["reason"]
+    # lmms-eval 0.7.2's prompt: f"{pre_prompt}{caption}. {post_prompt}", the caption as
+    # written (its period kept: "... opens a door.. Please return ...")
+    first = next(s for s in samples if s["id"] == "3MSZA-0")["input"]
+    assert first.endswith("textual sentence: person opens a door.. Please return its start time and end time.")
 
 
 def test_mmau_letter_or_text_and_the_text_only_parser(tmp_path):

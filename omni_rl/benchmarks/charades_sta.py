@@ -56,7 +56,10 @@ LMMS_EVAL_SCORING = Variant(
         "lmms-eval 0.7.2's extract_time: the first 'start - end' pair of the sentences naming a start, end or "
         "'happens'; here omni_rl's temporal_grounding parser (one bracketed pair or exactly two times)"
     ),
-    denominator="every query (no readable span: IoU 0)",
+    denominator=(
+        "every query (no readable span: IoU 0); lmms-eval keys its results by video, caption and timestamp, so "
+        "identical queries count once there"
+    ),
     metric="iou",
 )
 VIDEO_DIRS = ("Charades_v1_480", "videos", "")
@@ -110,7 +113,7 @@ def read(root: Path, protocol: Protocol) -> Reading:
         row = {
             "id": row_id,
             "origin": where,
-            "problem": sentence.rstrip("."),
+            "problem": sentence,  # as written: lmms-eval adds ". " after it, period or not
             "problem_type": "temporal_grounding",
             "answer": span,
             "videos": [str(video)],

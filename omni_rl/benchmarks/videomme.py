@@ -98,7 +98,11 @@ def parse_srt(text: str) -> list[tuple[float, float, str]]:
 
 
 def subtitles_at(cues: list[tuple[float, float, str]], times: list[float]) -> str:
-    """The cues shown at any of ``times``, in order, each once, one per line."""
+    """The cues shown at any of ``times``, in order, each once, one per line.
+    lmms-eval 0.7.2 differs on purpose in three details: it lists the cues in a set's
+    order (not time), merges cues with the same start and end, and samples its frames
+    at ``linspace(0, n - 1, 32)`` rounded down with a cue's end excluded (a cue ending
+    on a sampled frame's time can be in or out by one frame)."""
     return "\n".join(text for start, end, text in cues if any(start <= t <= end for t in times))
 
 
