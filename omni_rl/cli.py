@@ -666,13 +666,20 @@ def _cache_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from omni_rl.preprocess.cache import MediaCache
+    from omni_rl.preprocess.inputs import inputs_made_from
 
     cache = MediaCache.existing(args.cache)
     keys = cache.entry_keys()
     corrupt = [(k, why) for k in tqdm(keys, desc="verify", unit="entry") if (why := cache.check(k))]
+    bad = {key for key, _ in corrupt}
+    # model inputs encoded from a corrupt media entry pass their own check, and a rebuilt
+    # media entry (same key) would lead back to them: they go aside with it
+    made = sorted(inputs_made_from(cache, bad) - bad)
     for key, why in corrupt:
         print(f"corrupt: {cache.path(key)}: {why}; moved to {cache.quarantine(key)}")
-    print(f"{len(keys) - len(corrupt)} ok, {len(corrupt)} corrupt")
+    for key in made:
+        print(f"made from a corrupt entry: {cache.path(key)}; moved to {cache.quarantine(key)}")
+    print(f"{len(keys) - len(corrupt) - len(made)} ok, {len(corrupt)} corrupt, {len(made)} made from them")
     if corrupt:
         print("rerun omni-rl preprocess on the datasets (with their configs) to rebuild the corrupt entries")
     return 1 if corrupt else 0

@@ -114,6 +114,18 @@ def inputs_of(cache: MediaCache, media: set[str]) -> set[str]:
     return kept
 
 
+def inputs_made_from(cache: MediaCache, media: set[str]) -> set[str]:
+    """The inputs entries of ``cache`` built from any of the media entries ``media``
+    (what ``cache verify`` moves aside with a corrupt media entry: their key names the
+    media entries, not their bytes, so a rebuilt media entry would find them again)."""
+    made = set()
+    for key in cache.entry_keys():
+        meta = cache.meta(key) or {}
+        if meta.get("kind") == KIND and set(meta.get("media") or ()) & media:
+            made.add(key)
+    return made
+
+
 def unpack(entry: Entry) -> dict[str, torch.Tensor]:
     """The model inputs of an entry ``pack`` wrote, each tensor in the dtype the
     processor returned it in."""

@@ -123,6 +123,36 @@ def test_a_damaged_entry_is_reported_and_the_processor_runs_instead(rows_file, t
     assert dataset.inputs_misses == 1 and "unreadable cache entry" in caplog.text
 
 
+def test_cache_verify_moves_the_inputs_made_from_a_corrupt_media_entry_aside(
+    rows_file, tiny_checkpoint, tmp_path, capsys
+):
+    """A media entry rots, then model inputs are encoded from it: their own bytes check
+    out, and once preprocess rebuilds the media entry (same key) they would be read
+    again. verify moves them aside with the media entry, so they are made afresh."""
+    from omni_rl.cli import main
+
+    family = "qwen2_5_vl"
+    budgets, cache = small_budgets(family), tmp_path / "cache"
+    preprocess(rows_file, cache, budgets, workers=1, progress=False)
+    _, processor = load(tiny_checkpoint(family))
+    dataset = MediaDataset(rows_file, budgets, cache, inputs="float32")
+    store = MediaCache(cache)
+    (media,) = dataset[0].media_keys
+    path = store.path(media)
+    rotten = bytearray(path.read_bytes())
+    rotten[-1] ^= 0xFF  # the last byte of the tensors
+    path.write_bytes(bytes(rotten))
+    dataset.cache_inputs(processor, progress=False)
+    key = dataset.inputs_key(dataset[0], processor)
+    assert store.check(key) is None and store.check(media) is not None
+    assert main(["cache", "verify", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert f"made from a corrupt entry: {store.path(key)}" in out and ", 1 corrupt, " in out
+    assert not store.has(key) and not store.has(media)
+    preprocess(rows_file, cache, budgets, workers=1, progress=False)  # rebuilds the media entry
+    assert store.check(media) is None and not store.has(key)  # no stale inputs to come back to
+
+
 @pytest.mark.parametrize(
     "family", ["qwen2_5_vl", "qwen3_vl", "qwen2_audio", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"]
 )

@@ -242,7 +242,7 @@ def test_a_corrupt_entry_is_moved_aside_and_rebuilt_by_preprocess(tmp_path, caps
     assert f"corrupt: {entry}: tensor bytes do not match their digest; moved to {cache}/corrupt/" in out
     assert "rerun omni-rl preprocess" in out
     assert main(["preprocess", str(data), "--cache", str(cache)]) == 0
-    assert main(["cache", "verify", str(cache)]) == 0 and "1 ok, 0 corrupt" in capsys.readouterr().out
+    assert main(["cache", "verify", str(cache)]) == 0 and "1 ok, 0 corrupt, 0 made from them" in capsys.readouterr().out
 
 
 def test_cache_commands_refuse_a_directory_that_is_not_a_cache(tmp_path, capsys):
