@@ -96,7 +96,8 @@ def pack(inputs: Mapping[str, torch.Tensor], dtype: str, media_keys: list[str]) 
         if name in COMPACT and value.is_floating_point():
             stored[name] = dtype
             value = value.to(DTYPES[dtype])
-        if value.dtype == torch.bfloat16:
+        if value.dtype == torch.bfloat16:  # any bf16 tensor: unpack reads its bit pattern back
+            stored[name] = "bfloat16"
             value = value.view(torch.int16)
         tensors[name] = value.detach().cpu().contiguous().numpy()
     meta = {"kind": KIND, "media": list(media_keys), "dtype": dtype, "stored": stored, "dtypes": dtypes}

@@ -189,6 +189,23 @@ def test_bf16_features_give_a_bf16_run_the_same_log_probs_and_gradients(family, 
         assert not torch.equal(run(exact, autocast=False)[0], run(rounded, autocast=False)[0])
 
 
+def test_any_bf16_input_comes_back_as_it_went_in():
+    """A bf16 tensor outside the compact features (none of today's processors returns
+    one) is stored as its bit pattern too, and read back as that pattern, not as the
+    pattern's integer value (1.5 came back as 16320.0)."""
+    inputs = {
+        "video_second_per_grid": torch.tensor([0.25, 1.5], dtype=torch.bfloat16),
+        "pixel_values": torch.tensor([[0.1, -2.0]]),
+        "input_ids": torch.tensor([[1, 2]]),
+    }
+    for dtype in ("float32", "bfloat16"):
+        back = unpack(_entry(*pack(inputs, dtype, [])))
+        assert torch.equal(back["video_second_per_grid"], inputs["video_second_per_grid"])
+        assert back["video_second_per_grid"].dtype == torch.bfloat16 and torch.equal(
+            back["input_ids"], inputs["input_ids"]
+        )
+
+
 def _entry(tensors, meta):
     from omni_rl.preprocess.cache import Entry
 
