@@ -274,6 +274,11 @@ def chance_of(kind: str) -> float:
     return 1 / len(QUESTIONS[kind][1])
 
 
+def is_decoy(index: int, decoy_every: int) -> bool:
+    """Whether row ``index`` is a decoy: every ``decoy_every``-th row (0: none)."""
+    return decoy_every > 0 and index % decoy_every == decoy_every - 1
+
+
 def write_motion_qa(
     out: str | Path,
     clips: int,
@@ -321,7 +326,7 @@ def write_motion_qa(
             frames = frames[np.random.default_rng([seed, i]).permutation(FRAMES)]
         name = f"media/clip_{i:05d}.mp4"
         write_video(out / name, frames, FPS)
-        decoy = decoy_every > 0 and i % decoy_every == decoy_every - 1
+        decoy = is_decoy(i, decoy_every)
         if decoy:
             question = f"{TELLS[kind].format(options[answer])} {question}"
         row = choice_row(f"clip{i:05d}-{kind}", question, options, answer, "videos", name, f"video_{kind}")

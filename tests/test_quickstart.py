@@ -509,7 +509,38 @@ def test_quickstart_kinds_are_checked():
         QuickstartData(kinds=["heading", "spin"])
     with pytest.raises(FieldError, match="prime to the 3 kinds"):
         QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=3)
-    QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=4)
+    QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=7)
+    # counting's five answers cycle too: every fifth row of a kind is a decoy on one answer
+    with pytest.raises(FieldError, match=r"number of answers \(1, 2, 4, 5\)"):
+        QuickstartData(decoy_every=5)  # the seven default kinds
+    with pytest.raises(FieldError, match="number of answers"):
+        QuickstartData(kinds=["heading", "counting", "grounding"], decoy_every=4)  # heading's four
+    QuickstartData(decoy_every=3)
+
+
+def test_decoys_leave_every_kinds_other_answers_balanced():
+    """Where decoy_every passes the check, the rows that are not decoys keep every
+    answer of every kind equally often (a guess from the text alone stays at chance);
+    with the seven default kinds, 5 would leave counting's non-decoys without the
+    answer 2, which is why the check refuses it."""
+    from collections import Counter
+
+    from omni_rl.demos.quickstart_config import QuickstartData
+    from omni_rl.preprocess.motion import QUESTIONS, is_decoy
+    from omni_rl.preprocess.synthetic import balanced_choices
+
+    kinds = tuple(QuickstartData().kinds)
+
+    def answers(k: int) -> dict[str, list[int]]:
+        kept = Counter(
+            (kind, answer)
+            for i, kind, _, _, answer in balanced_choices(7 * 5 * 4 * 3, kinds, QUESTIONS)
+            if not is_decoy(i, k)
+        )
+        return {kind: [kept[(kind, a)] for a in range(len(QUESTIONS[kind][1]))] for kind in kinds}
+
+    assert all(len(set(counts)) == 1 for counts in answers(3).values())
+    assert answers(5)["counting"][2] == 0  # no non-decoy row answers "2"
 
 
 def test_held_out_intervals_of_iou_scores_are_intervals_of_a_mean(tmp_path):

@@ -115,11 +115,14 @@ class QuickstartData:
         unknown = [k for k in self.kinds if k not in QUESTIONS]
         require(not unknown, "kinds", f"{unknown}: no such kind; the kinds are {list(QUESTIONS)}")
         require(len(self.kinds) == len(set(self.kinds)) > 0, "kinds", "must name each kind once, at least one")
-        count = len(self.kinds)
+        count, answers = len(self.kinds), sorted({len(QUESTIONS[kind][1]) for kind in self.kinds})
         require(
-            self.decoy_every == 0 or (self.decoy_every > 0 and math.gcd(self.decoy_every, count) == 1),
+            self.decoy_every == 0
+            or (self.decoy_every > 0 and all(math.gcd(self.decoy_every, n) == 1 for n in (count, *answers))),
             "decoy_every",
-            f"must be 0 (no decoys) or prime to the {count} kinds, which cycle (else decoys fall on some kinds only)",
+            f"must be 0 (no decoys) or prime to the {count} kinds and to each kind's number of answers "
+            f"({', '.join(map(str, answers))}): both cycle, so else decoys fall on some kinds or answers only and "
+            "the other rows' answers are unbalanced (the text alone would answer them)",
         )
         require(0 <= self.sft_text_only <= 1, "sft_text_only", "must be in [0, 1]")
         require(self.unreachable_rows >= 0, "unreachable_rows", "must be >= 0")
