@@ -215,11 +215,12 @@ def optimizer_steps(engine, rollout, processor, samples, encoded, cfg, steps: in
     from omni_rl.rollout.hf import SamplingParams
 
     for step in range(steps):
-        seeds = [grpo.prompt_seed(0, 200 + 10 * step + i, 4) for i in range(len(samples))]
+        numbers = [200 + 10 * step + i for i in range(len(samples))]
+        seeds = [grpo.prompt_seed(0, number, 4) for number in numbers]
         got = rollout.rollout(samples, encoded, 4, SamplingParams(1.0, 1.0, 0, 32), seeds)
         rollout.sleep()
         advantages = torch.randn(len(samples) * 4, generator=torch.Generator().manual_seed(step)).cuda()
-        batch = grpo.Batch(samples, encoded, seeds)
+        batch = grpo.Batch(samples, encoded, seeds, numbers)
         mask = got.completion_mask.cuda()
         grpo._update(engine, None, batch, got, mask, advantages, processor.tokenizer.pad_token_id, cfg, False)
         rollout.load_weights(engine.module)

@@ -215,7 +215,7 @@ class Setup:
                 shorter = {k: v[:, 1:] if k in TOKEN_KEYS and i and self.ragged else v for k, v in self.encoded.items()}
             encoded.append(copy(shorter))
         seeds = [grpo.prompt_seed(self.cfg.run.seed, i, self.cfg.rollout.n) for i in range(self.prompts)]
-        return grpo.Batch([self.sample] * self.prompts, encoded, seeds)
+        return grpo.Batch([self.sample] * self.prompts, encoded, seeds, list(range(self.prompts)))
 
     def kept(self):
         from omni_rl.models import placeholder_token_ids
