@@ -291,3 +291,15 @@ def test_the_rollout_process_samples_in_bf16_with_fp32_rotary_frequencies(tiny_c
         assert after[name].dtype == torch.float32 and torch.equal(after[name], before), name
     loaded, _ = load(tiny_checkpoint("qwen2_5_vl"), dtype=torch.bfloat16)  # what from_pretrained keeps
     assert {b.dtype for n, b in loaded.named_buffers() if n.endswith("inv_freq")} == {torch.float32}
+
+
+def test_a_bf16_mixed_one_step_off_run_samples_what_its_trainer_scores(tmp_path, vowels):
+    """bf16-mixed on two processes over gloo: the rollout process samples in bf16 (its
+    weights cast, its rotary frequencies fp32), the trainer scores under bf16 autocast
+    over fp32 masters; with a checkpoint every step each batch is fresh, so the
+    logged mismatch is precision's alone, a bf16 rounding's size, not staleness."""
+    config = grpo_config(tmp_path, vowels, "single", trainer={"precision": "bf16-mixed"}, **OFF)
+    launch(config, 2)
+    rows = _rows(tmp_path / "run")
+    assert [r["rollout/staleness"] for r in rows] == [0, 0, 0]
+    assert all(0 < r["rollout/logp_abs_diff"] < 0.05 for r in rows), [r["rollout/logp_abs_diff"] for r in rows]
