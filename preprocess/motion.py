@@ -177,7 +177,8 @@ def clip(kind: str, answer: int, rng: np.random.Generator) -> np.ndarray:
 
 def colored_clip(kind: str, answer: int, rng: np.random.Generator) -> tuple[np.ndarray, str | None]:
     """``clip``'s frames and the colour of its one square, or None for the kinds whose
-    squares are red and blue (``order``, ``adjacent_order``)."""
+    squares are red and blue (``order``, ``adjacent_order``) and for a clip that shows
+    no square (a ``counting`` answer of 0)."""
     frames = np.empty((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
     frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
     pairs = FRAMES // 2
@@ -253,7 +254,8 @@ def colored_clip(kind: str, answer: int, rng: np.random.Generator) -> tuple[np.n
             _flash(frames, range(first, first + length), corner, color)
     else:
         raise ValueError(f"no motion clip of kind {kind!r} (grounding clips come from grounding_clip)")
-    return frames, None if kind in TWO_COLORED else color
+    shown = bool((frames != np.asarray(BACKGROUND, dtype=np.uint8)).any())  # a count of 0 shows no square
+    return frames, None if kind in TWO_COLORED or not shown else color
 
 
 def grounding_clip(rng: np.random.Generator) -> tuple[np.ndarray, list[float]]:

@@ -171,6 +171,21 @@ def test_color_questions_ask_what_each_clip_shows_and_change_no_clip(tmp_path):
     assert all(len(colors) >= 2 for colors in seen.values())  # 8 clips an answer: not one colour each
 
 
+def test_a_clip_that_shows_no_square_gets_no_color_question(tmp_path):
+    """A ``counting`` clip of 0 flashes shows nothing: a colour question of it would
+    teach a colour drawn but never drawn. Every other counting clip shows its colour."""
+    data = write_motion_qa(tmp_path / "qa", 10, seed=4, kinds=("counting",), colors=True)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert [r["answer"] for r in rows] == ["0", "1", "2", "3", "4"] * 2
+    for row in rows:
+        frames = decoded(tmp_path / "qa" / row["videos"][0])
+        if row["answer"] == "0":
+            assert not lit(frames).any() and "square_color" not in row
+        else:
+            assert lit(frames, row["square_color"]).sum() > SQUARE * SQUARE
+    assert len(color_rows(rows)) == 8
+
+
 def test_decoys_state_their_answer_and_change_nothing_else(tmp_path):
     from omni_rl.preprocess.motion import TELLS
 
