@@ -34,7 +34,9 @@ towers: a flash covers whole pairs, so the tokens of a pair either show it or do
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -281,6 +283,57 @@ def is_decoy(index: int, decoy_every: int) -> bool:
     return decoy_every > 0 and index % decoy_every == decoy_every - 1
 
 
+SCENE_DRAWS = 1000
+"""How many times ``write_motion_qa`` draws a scene again that repeats an ``avoid`` one
+before it gives up."""
+
+
+def scene_digest(frames: np.ndarray) -> str:
+    """A rendered scene's identity: the SHA-1 of its frames' bytes."""
+    return hashlib.sha1(np.ascontiguousarray(frames).tobytes()).hexdigest()
+
+
+def _scene(kind: str, answer: int, options: list[str], rng: np.random.Generator):
+    """(frames, options, colour of its one square or None) of one clip; a
+    ``grounding`` clip's one option is the span it draws."""
+    if kind == "grounding":
+        frames, span = grounding_clip(rng)
+        return frames, [json.dumps(span)], None
+    frames, color = colored_clip(kind, answer, rng)
+    return frames, options, color
+
+
+def _scenes(clips: int, seed: int, kinds: tuple[str, ...], avoid: Collection[str] = ()):
+    """Yield ``(index, kind, question, options, answer, frames, colour)`` of the clips
+    ``write_motion_qa`` draws, before its controls touch the frames. A scene whose
+    digest is in ``avoid`` is drawn again from a generator of its own (``[seed, index,
+    draw]``), so every other scene stays as it was; except a scene that shows no square
+    (a count of 0), the one clip its answer has."""
+    unknown = sorted(set(kinds) - set(QUESTIONS))
+    if unknown:
+        raise ValueError(f"no motion kind {unknown}; the kinds are {list(QUESTIONS)}")
+    rng = np.random.default_rng(seed)
+    blank = np.asarray(BACKGROUND, dtype=np.uint8)
+    for i, kind, question, options, answer in balanced_choices(clips, kinds, QUESTIONS):
+        frames, drawn, color = _scene(kind, answer, options, rng)
+        draw = 0
+        while avoid and (frames != blank).any() and scene_digest(frames) in avoid:
+            if draw == SCENE_DRAWS:
+                raise ValueError(
+                    f"clip {i} ({kind}, answer {answer}): {SCENE_DRAWS} draws all repeat a scene to avoid;"
+                    f" {kind} has too few scenes for sets this large"
+                )
+            frames, drawn, color = _scene(kind, answer, options, np.random.default_rng([seed, i, draw]))
+            draw += 1
+        yield i, kind, question, drawn, answer, frames, color
+
+
+def scene_digests(clips: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> set[str]:
+    """The digests of the scenes ``write_motion_qa(out, clips, seed, kinds=kinds)``
+    draws (whatever its controls): what a held-out set passes as ``avoid``."""
+    return {scene_digest(frames) for *_, frames, _ in _scenes(clips, seed, kinds)}
+
+
 def write_motion_qa(
     out: str | Path,
     clips: int,
@@ -290,6 +343,7 @@ def write_motion_qa(
     decoy_every: int = 0,
     kinds: tuple[str, ...] = KINDS,
     colors: bool = False,
+    avoid: Collection[str] = (),
 ) -> Path:
     """Render ``clips`` videos under ``out/media`` and write ``out/data.jsonl`` (one row
     per clip; ``kinds`` cycle, and so do answers within a kind, so both are balanced; a
@@ -308,20 +362,14 @@ def write_motion_qa(
     ``colors`` records in each row whose clip shows one square its colour
     (``square_color``), for ``color_rows`` (over ``blank`` frames too: the colour it
     would have shown, so that the control asks the same rows).
+
+    ``avoid``: scene digests (``scene_digests`` of a training set) no clip may repeat,
+    but for the one clip a count of 0 has (``_scenes``); the controls keep the scenes,
+    so a held-out set avoids the same ones with or without them.
     """
     out = Path(out)
-    rng = np.random.default_rng(seed)
     rows = []
-    unknown = sorted(set(kinds) - set(QUESTIONS))
-    if unknown:
-        raise ValueError(f"no motion kind {unknown}; the kinds are {list(QUESTIONS)}")
-    for i, kind, question, options, answer in balanced_choices(clips, kinds, QUESTIONS):
-        if kind == "grounding":
-            frames, span = grounding_clip(rng)
-            options = [json.dumps(span)]
-            color = None
-        else:
-            frames, color = colored_clip(kind, answer, rng)
+    for i, kind, question, options, answer, frames, color in _scenes(clips, seed, kinds, avoid):
         if blank:
             frames[:] = np.asarray(BACKGROUND, dtype=np.uint8)
         if shuffle:  # its own generator, so the shuffled set has the same scenes

@@ -19,6 +19,7 @@ from omni_rl.preprocess.motion import (
     color_rows,
     grounding_baseline,
     grounding_clip,
+    scene_digests,
     write_motion_qa,
 )
 from omni_rl.preprocess.scenes import BACKGROUND, COLORS
@@ -184,6 +185,30 @@ def test_a_clip_that_shows_no_square_gets_no_color_question(tmp_path):
         else:
             assert lit(frames, row["square_color"]).sum() > SQUARE * SQUARE
     assert len(color_rows(rows)) == 8
+
+
+def test_a_held_out_set_repeats_no_training_scene_and_keeps_its_other_clips(tmp_path):
+    """Without ``avoid`` a few held-out direction clips are pixel for pixel training
+    ones (same answer: the model may have learnt them by heart); with it they are drawn
+    again and every other clip and row stays. A count of 0 shows nothing, the one clip
+    of its answer, and is kept."""
+    kinds = ("direction", "counting")
+    train = write_motion_qa(tmp_path / "train", 600, seed=0, kinds=kinds)
+    plain = write_motion_qa(tmp_path / "plain", 100, seed=1, kinds=kinds)
+    held = write_motion_qa(tmp_path / "held", 100, seed=1, kinds=kinds, avoid=scene_digests(600, 0, kinds))
+
+    def clips(data):
+        rows = map(json.loads, data.read_text().splitlines())
+        return {r["id"]: decoded(data.parent / r["videos"][0]).tobytes() for r in rows}
+
+    seen, before, after = set(clips(train).values()), clips(plain), clips(held)
+    shows_nothing = {i for i, r in enumerate(map(json.loads, plain.read_text().splitlines())) if r.get("answer") == "0"}
+    nothing = {f"clip{i:05d}-counting" for i in shows_nothing}
+    repeats = {i for i, c in before.items() if c in seen}
+    assert len(nothing) == 10 and repeats - nothing  # some direction clip repeats a training one
+    assert {i for i, c in after.items() if c in seen} == nothing
+    assert {i for i in before if before[i] != after[i]} == repeats - nothing
+    assert held.read_text() == plain.read_text()
 
 
 def test_decoys_state_their_answer_and_change_nothing_else(tmp_path):

@@ -37,7 +37,7 @@ from omni_rl.evaluation.curate import LABEL, moved, without_media
 from omni_rl.evaluation.pipeline import evaluate_rows
 from omni_rl.evaluation.summary import chance
 from omni_rl.models import load
-from omni_rl.preprocess.motion import QUESTIONS, chance_of, color_rows, write_motion_qa
+from omni_rl.preprocess.motion import QUESTIONS, chance_of, color_rows, scene_digests, write_motion_qa
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.rows import read_rows
 from omni_rl.recipes import grpo, sft
@@ -413,13 +413,14 @@ def main(cfg: QuickstartConfig) -> dict:
     """Run the quickstart; returns (and writes) its summary."""
     started, out, runtime = begin(cfg)
     d = cfg.data
-    # DATA: synthetic clips with known answers; the held-out split uses other scenes
+    # DATA: synthetic clips with known answers; the held-out split draws other scenes
     kinds = tuple(d.kinds)
     controls = {"blank": d.blank_frames, "shuffle": d.shuffle_frames, "decoy_every": d.decoy_every, "kinds": kinds}
     train = write_motion_qa(
         out / "data" / "train", d.train_clips, cfg.run.seed, colors=d.sft_color_questions, **controls
     )
-    heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, **controls)
+    seen = scene_digests(d.train_clips, cfg.run.seed, kinds)  # no held-out clip repeats a training one
+    heldout = write_motion_qa(out / "data" / "heldout", d.heldout_clips, cfg.run.seed + 10_000, avoid=seen, **controls)
     sft_rows = split_rows(train, d.sft_fraction, train.parent / "sft.jsonl", len(kinds))
     if d.sft_shuffled_answers:
         shuffle_answers(sft_rows, cfg.run.seed)
