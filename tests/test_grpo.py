@@ -270,6 +270,37 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups(tmp_path, sh
     )  # 2 prompts x 4 completions trained on
 
 
+def test_a_short_or_empty_batch_still_moves_the_schedule_its_whole_step(tmp_path, shapes, monkeypatch):
+    """The learning-rate schedule counts epochs x mini-batches per step. When dynamic
+    sampling leaves a batch short (one prompt of two: one mini-batch of two) or empty
+    (no update), the steps not taken still move it, so a cosine schedule ends at
+    min_lr_ratio on the run's last step as its docs say."""
+    from omni_rl.rewards import RewardResult
+
+    firsts = []
+
+    def one_informative_prompt(samples, texts, n, cfg):
+        # a step's first round (2 prompts): prompt 0 informative but at the third step;
+        # every other group scores alike
+        if len(samples) == 2:
+            firsts.append(1)
+        informative = len(samples) == 2 and len(firsts) < 3
+        return [
+            RewardResult(float(informative and p == 0 and g % 2), 0.0, 0.0)
+            for p in range(len(samples))
+            for g in range(n)
+        ]
+
+    monkeypatch.setattr(grpo, "_score", one_informative_prompt)
+    algorithm = {"dynamic_sampling": True, "max_resample_rounds": 1, "epochs": 2, "mini_batch_prompts": 1}
+    trainer = {"steps": 3, "save_every": 0, "schedule": "cosine", "min_lr_ratio": 0.1}
+    cfg = load_config(tiny_config(tmp_path, shapes, algorithm=algorithm, trainer=trainer))
+    final = grpo.train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["optim/schedule_step"] for r in rows] == [4, 8, 12]  # 2 epochs x 2 mini-batches a step
+    assert final["skipped_update"] == 1 and [r["update/micro_batches"] for r in rows[:2]] == [1, 1]
+
+
 def test_ucb_hears_from_the_groups_dynamic_sampling_drops(tmp_path, shapes, monkeypatch):
     """Two sources under the UCB sampler with dynamic sampling: every group of source
     'flat' scores alike (it teaches nothing) and is dropped, every group of 'teaching'

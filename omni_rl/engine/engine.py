@@ -453,8 +453,8 @@ class TrainingEngine:
 
     def skip_steps(self, count: int) -> None:
         """Move the learning-rate schedule on by ``count`` optimizer steps the recipe
-        chose not to take (a PPO iteration stopped early), so the run still ends where
-        its schedule does."""
+        chose not to take (a PPO iteration stopped early, a GRPO batch that dynamic
+        sampling left short or empty), so the run still ends where its schedule does."""
         for _ in range(count):
             self.scheduler.step()
 

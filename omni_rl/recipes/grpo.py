@@ -793,7 +793,9 @@ def _update(
     # log pi/mu is 0, and it counts in no mismatch figure
     sampled = mask.masked_fill(rollouts.replaced.to(mask.device)[:, None], 0)
     prompts = list(range(len(batch.samples)))
+    planned = _updates_per_step(cfg)  # what the schedule counts, taken or not
     if not distributed.all_max(len(prompts)):
+        engine.skip_steps(planned)
         return {"skipped_update": 1}
     lengths = [(batch.encoded[p]["input_ids"].shape[-1], n * _width(mask, _rows([p], n))) for p in prompts]
     plan = _plan(prompts, lengths, cfg)
@@ -873,6 +875,7 @@ def _update(
                 if weight:
                     pooled.add(m + epoch * len(plan), part_stats)
             grad_norms.append(engine.step().grad_norm)  # global: the same on every rank
+    engine.skip_steps(planned - len(grad_norms))  # a batch dynamic sampling left short
     keys = sorted(sums)
     totals = distributed.all_sum([sums[k] for k in keys])
     stats = {k: v / len(grad_norms) for k, v in zip(keys, totals, strict=True)}
