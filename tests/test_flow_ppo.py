@@ -247,6 +247,26 @@ def test_two_processes_train_what_one_process_trains(tmp_path, one_process_run, 
         assert row == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_under_bf16_mixed_score_what_the_rollout_sampled(tmp_path, strategy):
+    """The first ratio is exactly 1 on two processes under bf16-mixed too (gloo on CPU,
+    one mini-batch: the weights that score are the ones that sampled). FSDP2's root
+    cast every float input of the forward to bf16, the stored fp32 chain among them:
+    each step's log-density then read the rounded chain, ratio_max 1.25 before any
+    update."""
+    cfg = _config(
+        tmp_path,
+        ppo={"epochs": 1, "minibatches": 1},
+        trainer={"steps": 1, "eval_episodes": 8, "precision": "bf16-mixed"},
+    )
+    path = tmp_path / "config.yaml"
+    save_config(cfg, path)
+    _launch([TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "omni_rl"], path, tmp_path / "two", strategy)
+    row = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["loss/ratio_max"] == 1.0 and row["loss/ratio_mean"] == 1.0, row
+    assert row["loss/approx_kl"] == 0.0
+
+
 def test_the_critic_warms_up_alone_then_the_actor_learns(tmp_path):
     """``update`` without the actor leaves every actor weight as it was (the optimizer
     never sees an actor gradient) and moves the value head; with it, both move. In a

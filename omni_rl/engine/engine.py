@@ -42,7 +42,7 @@ import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -343,7 +343,10 @@ class TrainingEngine:
         forward runs a decoder layer twice (prompt, then completions), and the
         completions' gradient reaches the prompt pass through its stored keys and values,
         past FSDP2's backward hooks (which sit on block outputs): those tensors gather
-        their layer's weights again themselves (``shared_prefix.gather_on_prompt_gradient``)."""
+        their layer's weights again themselves (``shared_prefix.gather_on_prompt_gradient``).
+        A root whose class sets ``CASTS_OWN_INPUTS`` gets its forward's inputs as they
+        are (bf16-mixed casts every float input to bf16 by default): it computes in its
+        weights' dtype itself and reads some inputs exactly (a flow policy's chain)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy()
@@ -356,7 +359,9 @@ class TrainingEngine:
         mesh = distributed.trainer_mesh(self.device.type)  # None: every process
         for unit in units:
             reshard = not (trainable and unit is model)
-            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+            cast = not (unit is model and getattr(model, "CASTS_OWN_INPUTS", False))
+            mixed = replace(policy, cast_forward_inputs=policy.cast_forward_inputs and cast)
+            fully_shard(unit, mesh=mesh, mp_policy=mixed, reshard_after_forward=reshard)
             gathering.track(unit, reshard, policy.param_dtype)  # held through a rollout, its gathers counted
         if trainable:
             for unit in units[:-1]:

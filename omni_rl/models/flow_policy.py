@@ -314,6 +314,11 @@ class FlowPolicy(nn.Module):
         backbone: the velocity field; its ``horizon`` must be ``config.horizon``.
     """
 
+    CASTS_OWN_INPUTS = True
+    """FSDP2 hands ``forward`` its inputs uncast: it computes in its weights' dtype as
+    sampling does (``_weights_dtype``) and scores the stored fp32 chain (a chain cast to
+    bf16 moved each step's log-density by up to about 0.25 before any update)."""
+
     def __init__(self, config: FlowPolicyConfig, backbone: VelocityBackbone):
         super().__init__()
         if config.horizon != backbone.horizon:
@@ -521,7 +526,8 @@ class FlowPolicy(nn.Module):
 
     def _weights_dtype(self, device: torch.device):
         """Compute in the weights' dtype where it is not fp32: sampling outside
-        ``forward`` sees the bf16 weights FSDP2 gathers under bf16-mixed. fp32 weights
+        ``forward`` and ``forward`` itself (its inputs uncast, ``CASTS_OWN_INPUTS``) see
+        the bf16 weights FSDP2 gathers under bf16-mixed. fp32 weights
         leave the caller's precision alone: under bf16-mixed in one process or DDP the
         engine's ``forward_context`` autocasts sampling as it does the forward."""
         dtype = next(self.parameters()).dtype
@@ -531,9 +537,10 @@ class FlowPolicy(nn.Module):
         """The training forward, the call data-parallel wrappers hook:
         ``policy(obs, chain, stochastic)`` is :meth:`chain_logprob_value` (PPO);
         ``policy(obs, actions, mask, t, eps, count, bc=True)`` is :meth:`bc_loss`."""
-        if bc:
-            return self.bc_loss(obs, *tensors)
-        logp, entropy, value = self.chain_logprob_value(obs, *tensors)
+        with self._weights_dtype(obs.device):  # bf16 weights gathered by FSDP2: as ``sample`` computes
+            if bc:
+                return self.bc_loss(obs, *tensors)
+            logp, entropy, value = self.chain_logprob_value(obs, *tensors)
         # fp32 (bf16 autocast computes the networks) and no views (FSDP2 hooks warn about those)
         return logp.float(), entropy.float(), value.to(torch.float32, copy=True)
 

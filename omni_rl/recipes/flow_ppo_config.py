@@ -195,8 +195,8 @@ class FlowTrainerConfig(TrainerConfig):
 
 def flow_trainer(**fields) -> FlowTrainerConfig:
     """A flow ``trainer:`` section with flow's defaults: 100 steps, an evaluation every
-    10, fp32 (a small MLP gains nothing from bf16; in one process and under DDP,
-    rollouts sample in the update's precision, so each update's first ratio is exactly 1)."""
+    10, fp32 (a small MLP gains nothing from bf16; under bf16-mixed rollouts sample in
+    the update's precision, so each update's first ratio is exactly 1)."""
     return FlowTrainerConfig(**{"steps": 100, "eval_every": 10, "precision": "fp32", **fields})
 
 
