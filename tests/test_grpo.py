@@ -360,6 +360,23 @@ def test_shipped_tiny_config_runs_a_few_steps(tmp_path, shapes):
     assert final["step"] == 2 and (tmp_path / "checkpoints" / "step-00000002").is_dir()
 
 
+def test_kl_in_the_reward_and_the_dual_clip_are_logged(tmp_path, shapes, monkeypatch):
+    """With the KL in the reward there is no KL loss term, and the per-token KL to the
+    reference is logged as actor/kl all the same (0 at the first step, whose policy is
+    the reference; above it once the policy has moved); the dual clip logs its share."""
+    from omni_rl.rewards import RewardResult
+
+    def alternating(samples, texts, n, cfg):  # every group informative: the policy moves
+        return [RewardResult(float(g % 2), 0.0, 0.0) for _ in samples for g in range(n)]
+
+    monkeypatch.setattr(grpo, "_score", alternating)
+    algorithm = {"kl_coef": 0.1, "kl_in_reward": True, "dual_clip": 3.0, "epochs": 2, "mini_batch_prompts": 1}
+    grpo.train(load_config(tiny_config(tmp_path, shapes, algorithm=algorithm, trainer={"steps": 2, "save_every": 0})))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["actor/kl"] == 0.0 and rows[1]["actor/kl"] > 0
+    assert all("loss/kl" not in r and 0 <= r["loss/dual_clip_fraction"] <= 1 for r in rows)
+
+
 def test_lora_with_kl_trains_adapters_and_resumes(tmp_path, shapes):
     config = tiny_config(
         tmp_path,
@@ -661,7 +678,11 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
     # KL: sequence means 0.2, 0.4, 0.3, 0.2 -> 1.1 / 4 (token-mean: 2.1 / 8 = 0.2625)
     assert stats["loss/kl"] == pytest.approx(0.275, abs=1e-6)
     # entropy: sequence means 2, 0.5, 2, 1 -> 5.5 / 4 (token-mean: 12.5 / 8 = 1.5625)
-    assert stats["actor/entropy"] == pytest.approx(1.375, abs=1e-6)
+    assert stats["loss/entropy"] == pytest.approx(1.375, abs=1e-6)
+    # the actor's entropy and KL are per-token means whatever the loss's aggregation
+    assert stats["actor/entropy"] == pytest.approx(1.5625, abs=1e-6)
+    assert stats["actor/kl"] == pytest.approx(0.2625, abs=1e-6)
+    assert stats["loss/approx_kl"] == 0 and "loss/dual_clip_fraction" not in stats
     # d/dlogp_it = (-A_i s_i + kl_coef) / (4 |y_i|) at s_i = 1; SGD at lr 1 steps by minus that:
     # (1 - 0.1) / 8 = 0.1125, (-0.5 - 0.1) / 4 = -0.15, (2 - 0.1) / 12 = 0.158333, (0.5 - 0.1) / 8 = 0.05
     step = torch.tensor([0.1125, -0.15, 0.158333, 0.05])[:, None] * mask
@@ -680,15 +701,15 @@ def test_gspo_clips_at_its_own_defaults_unless_set():
     # s = 1.001 with A = +1: GSPO's 1 + 4e-4 clips it to -1.0004; s = 0.999 with A = -1: 1 - 3e-4 -> 0.9997
     cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo"], recipe="grpo")
     up, down, mask = torch.full((1, 2), math.log(1.001)), torch.full((1, 2), math.log(0.999)), torch.ones(1, 2)
-    loss, _, stats = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    loss, _, stats, _ = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
     assert loss.item() == pytest.approx(-1.0004, abs=1e-7) and stats.clip_fraction == 1.0
-    loss, _, _ = grpo._policy_loss(_out(down), torch.zeros(1, 2), None, torch.tensor([-1.0]), mask, 1.0, cfg)
+    loss, *_ = grpo._policy_loss(_out(down), torch.zeros(1, 2), None, torch.tensor([-1.0]), mask, 1.0, cfg)
     assert loss.item() == pytest.approx(0.9997, abs=1e-7)
     assert cfg.algorithm.clip_range == (3e-4, 4e-4)
     # set explicitly, PPO's 0.28 leaves 1.001 alone
     cfg = load_config(None, ["data.train=x", "algorithm.loss=gspo", "algorithm.eps_high=0.28"], recipe="grpo")
     assert cfg.algorithm.clip_range == (3e-4, 0.28)
-    loss, _, stats = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
+    loss, _, stats, _ = grpo._policy_loss(_out(up), torch.zeros(1, 2), None, torch.tensor([1.0]), mask, 1.0, cfg)
     assert loss.item() == pytest.approx(-1.001, abs=1e-7) and stats.clip_fraction == 0.0
     # the clipped loss keeps PPO's clips with clip-higher
     assert load_config(None, ["data.train=x"], recipe="grpo").algorithm.clip_range == (0.2, 0.28)
@@ -712,7 +733,7 @@ def test_sum_norm_kl_and_entropy_divide_by_the_fixed_length():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     ref = -torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.4, 5.0]])  # k1 = -ref; the padded 5.0 counts nowhere
     entropy = torch.tensor([[1.0, 2, 3], [0.5, 0.5, 7]])
-    loss, sums, _ = grpo._policy_loss(
+    loss, sums, _, means = grpo._policy_loss(
         _out(torch.zeros(2, 3), entropy), torch.zeros(2, 3), ref, torch.tensor([1.0, -1.0]), mask, 2.0, cfg
     )
     # policy: -A per token, sums -3 and +2 -> (-3/8 + 2/8) / 2
@@ -720,7 +741,9 @@ def test_sum_norm_kl_and_entropy_divide_by_the_fixed_length():
     # KL: sums 0.6 and 0.8 -> (0.6/8 + 0.8/8) / 2 (the width would give 0.233333)
     assert sums["loss/kl"] == pytest.approx(0.0875, abs=1e-6)
     # entropy: sums 6 and 1 -> (6/8 + 1/8) / 2 (the width would give 1.166667)
-    assert sums["actor/entropy"] == pytest.approx(0.4375, abs=1e-6)
+    assert sums["loss/entropy"] == pytest.approx(0.4375, abs=1e-6)
+    # what the actor's entropy and KL are, per token: 7 / 5 and 1.4 / 5, not the terms' 0.4375 and 0.0875
+    assert means == pytest.approx({"actor/entropy": 1.4, "actor/kl": 0.28}, abs=1e-6)
     # entropy_coef is 0: the loss is the policy term plus 0.1 x the KL
     assert loss.item() == pytest.approx(-0.0625 + 0.1 * 0.0875, abs=1e-6)
 

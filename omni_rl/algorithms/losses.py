@@ -130,11 +130,11 @@ def clipped_policy_loss(
     m = mask.bool()
     with torch.no_grad():
         stats = PolicyLossStats(
-            clip_fraction=_masked_mean((clipped > unclipped).float(), m),
-            dual_clip_fraction=_masked_mean(dual.float(), m),
-            ratio_mean=_masked_mean(ratio, m),
+            clip_fraction=masked_mean((clipped > unclipped).float(), m),
+            dual_clip_fraction=masked_mean(dual.float(), m),
+            ratio_mean=masked_mean(ratio, m),
             ratio_max=float(ratio[m].max()) if m.any() else 1.0,
-            approx_kl=_masked_mean((ratio - 1) - (logp - old_logp), m),
+            approx_kl=masked_mean((ratio - 1) - (logp - old_logp), m),
             elements=int(m.sum()),
         )
     return loss, stats
@@ -175,11 +175,11 @@ def gspo_policy_loss(
     loss = per_seq.sum() / (denominator or present.sum().clamp(min=1))
     with torch.no_grad():
         stats = PolicyLossStats(
-            clip_fraction=_masked_mean((clipped > unclipped).float(), present),
+            clip_fraction=masked_mean((clipped > unclipped).float(), present),
             dual_clip_fraction=0.0,
-            ratio_mean=_masked_mean(ratio, present),
+            ratio_mean=masked_mean(ratio, present),
             ratio_max=float(ratio[present].max()) if present.any() else 1.0,
-            approx_kl=_masked_mean((ratio - 1) - log_ratio, present),
+            approx_kl=masked_mean((ratio - 1) - log_ratio, present),
             elements=int(present.sum()),
         )
     return loss, stats
@@ -201,5 +201,8 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", 
     raise ValueError(f"unknown KL estimator '{kind}'")
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(values[mask].mean()) if mask.any() else 0.0
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``values`` where ``mask`` (any dtype, [same shape]) is set; 0 where
+    nothing is."""
+    mask = mask.bool()
+    return float(values.detach()[mask].mean()) if mask.any() else 0.0

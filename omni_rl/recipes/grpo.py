@@ -36,6 +36,7 @@ from omni_rl.algorithms.losses import (
     clipped_policy_loss,
     gspo_policy_loss,
     kl_estimate,
+    masked_mean,
 )
 from omni_rl.algorithms.sampling import informative_groups, mask_truncated, overlong_penalty
 from omni_rl.data.dataset import Sample
@@ -237,44 +238,58 @@ def _collect(
     return batch, concat_rollouts(parts, pad), results, torch.cat(rewards), filtered
 
 
-class PooledRatios:
-    """The policy loss's ratio diagnostics of an update, pooled over every micro-batch
-    and rank of each mini-batch (weighed by their valid tokens; an empty one counts
-    nowhere), then averaged over the mini-batches; the largest ratio of them all."""
+class PooledMeans:
+    """Means over the elements of an update (the policy loss's ratio diagnostics, the
+    entropy, the KL to the reference), each pooled over every micro-batch and rank of a
+    mini-batch (weighed by the elements it counts: valid tokens, or sequences for GSPO's
+    ratios; an empty one counts nowhere), then averaged over the mini-batches; and the
+    largest ratio of them all. ``defaults``: the names logged, in the order every rank
+    sums them, each with its value where nothing counted."""
 
-    def __init__(self):
-        self.sums: dict[int, list[float]] = {}
+    RATIOS = ("clip_fraction", "ratio_mean", "approx_kl", "dual_clip_fraction")
+
+    def __init__(self, defaults: dict[str, float]):
+        self.defaults = defaults
+        self.sums: dict[int, dict[str, list[float]]] = {}
         self.largest = -math.inf
 
-    def add(self, mini_batch: int, stats: PolicyLossStats) -> None:
-        if not stats.elements:
-            return
-        n = stats.elements
-        total = self.sums.setdefault(mini_batch, [0.0, 0.0, 0.0])
-        total[0] += stats.clip_fraction * n
-        total[1] += stats.ratio_mean * n
-        total[2] += n
-        self.largest = max(self.largest, stats.ratio_max)
+    def add(self, mini_batch: int, name: str, mean: float, count: int) -> None:
+        """One micro-batch's ``mean`` of ``name`` over its ``count`` elements."""
+        if count and name in self.defaults:
+            total = self.sums.setdefault(mini_batch, {}).setdefault(name, [0.0, 0.0])
+            total[0] += mean * count
+            total[1] += count
+
+    def add_ratios(self, mini_batch: int, stats: PolicyLossStats) -> None:
+        """The policy loss's diagnostics of one micro-batch (``loss/<name>``)."""
+        for name in self.RATIOS:
+            self.add(mini_batch, f"loss/{name}", getattr(stats, name), stats.elements)
+        if stats.elements:
+            self.largest = max(self.largest, stats.ratio_max)
 
     def metrics(self, mini_batches: int) -> dict:
-        """``loss/clip_fraction``, ``loss/ratio_mean``, ``loss/ratio_max`` over every
-        rank (every rank calls this: two collectives)."""
-        flat = distributed.all_sum([x for j in range(mini_batches) for x in self.sums.get(j, [0.0, 0.0, 0.0])])
-        pooled = [flat[3 * j : 3 * j + 3] for j in range(mini_batches) if flat[3 * j + 2]]
+        """Every name's mean, and ``loss/ratio_max``, over every rank (every rank calls
+        this: two collectives)."""
+        names = list(self.defaults)
+        flat = distributed.all_sum(
+            [x for j in range(mini_batches) for name in names for x in self.sums.get(j, {}).get(name, [0.0, 0.0])]
+        )
+        out = {}
+        for k, name in enumerate(names):
+            at = [2 * (j * len(names) + k) for j in range(mini_batches)]
+            means = [flat[i] / flat[i + 1] for i in at if flat[i + 1]]
+            out[name] = sum(means) / len(means) if means else self.defaults[name]
         largest = distributed.all_max(float(self.largest))
-        if not pooled:  # no valid token anywhere
-            return {"loss/clip_fraction": 0.0, "loss/ratio_mean": 1.0, "loss/ratio_max": 1.0}
-        return {
-            "loss/clip_fraction": sum(c / n for c, _, n in pooled) / len(pooled),
-            "loss/ratio_mean": sum(r / n for _, r, n in pooled) / len(pooled),
-            "loss/ratio_max": largest,
-        }
+        out["loss/ratio_max"] = largest if largest > -math.inf else 1.0  # 1: no valid token anywhere
+        return out
 
 
 def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GRPOConfig, tis=None):
     """This micro-batch's share of its mini-batch's loss (sums divided by the whole
-    mini-batch's ``denominator`` over every rank), and the policy loss's diagnostics
-    (``PolicyLossStats``); ``tis``: the
+    mini-batch's ``denominator`` over every rank), its terms' shares (``loss/*``), the
+    policy loss's diagnostics (``PolicyLossStats``) and the per-token means of the KL
+    and the entropy with their token count (``PooledMeans``, whatever the
+    aggregation); ``tis``: the
     rollout correction's weights (per token [N, L], per sequence [N] for GSPO), or None.
     The policy, KL and entropy terms share one aggregation and one fixed length
     (``max_new_tokens``, not this micro-batch's trimmed width)."""
@@ -286,16 +301,19 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
         loss, stats = clipped_policy_loss(
             out.logp, old_logp, adv, mask, eps_low, eps_high, algo.dual_clip, mode, length, denominator, tis
         )
-    sums = {"loss/policy": loss.item()}
+    sums, means = {"loss/policy": loss.item()}, {}
     if ref_logp is not None and not algo.kl_in_reward:
-        kl = aggregate(kl_estimate(out.logp, ref_logp, algo.kl_estimator), mask, mode, length, denominator)
+        per_token = kl_estimate(out.logp, ref_logp, algo.kl_estimator)
+        kl = aggregate(per_token, mask, mode, length, denominator)
         loss = loss + algo.kl_coef * kl
-        sums["loss/kl"] = kl.item()
+        sums["loss/kl"] = kl.item()  # the term as the loss aggregates it
+        means["actor/kl"] = masked_mean(per_token, mask)
     if out.entropy is not None:
         entropy = aggregate(out.entropy, mask, mode, length, denominator)
         loss = loss - algo.entropy_coef * entropy
-        sums["actor/entropy"] = entropy.item()
-    return loss, sums, stats
+        sums["loss/entropy"] = entropy.item()  # the term as the loss aggregates it
+        means["actor/entropy"] = masked_mean(out.entropy, mask)
+    return loss, sums, stats, means
 
 
 def _width(mask: torch.Tensor, rows: list[int]) -> int:
@@ -478,14 +496,19 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
                 mask = mask_truncated(mask, rollouts.truncated.to(run.device))
             if batch.filler:
                 mask = torch.zeros_like(mask)
+            reward_kl = [0.0, 0.0]  # this rank's summed per-token KL and its tokens
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
                 kl = _sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg)
                 rewards = rewards - algo.kl_coef * kl.cpu()
+                reward_kl = [float(kl.sum()), float(mask.sum())]
             advantages = _advantages(rewards, batch.filler, cfg).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
             logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
             update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
+            if algo.kl_coef > 0 and algo.kl_in_reward:
+                total, tokens = distributed.all_sum(reward_kl)
+                update["actor/kl"] = total / tokens if tokens else 0.0
         if worker is None:
             with timer("weight_sync"):  # wakes a sleeping engine with the new weights
                 rollout.load_weights(engine.module)
@@ -826,10 +849,17 @@ def _update(
                 dropped += int((~keep & mask[rows].bool().any(-1)).sum())
                 loss_mask[rows] *= keep[:, None].to(mask.dtype)
     sums: dict[str, float] = {}
-    pooled = PooledRatios()
+    entropy = _entropy_mode(cfg, logged)
+    logged_means = {"loss/clip_fraction": 0.0, "loss/ratio_mean": 1.0, "loss/approx_kl": 0.0}
+    if algo.dual_clip is not None:
+        logged_means["loss/dual_clip_fraction"] = 0.0
+    if algo.kl_coef > 0 and not algo.kl_in_reward:
+        logged_means["actor/kl"] = 0.0
+    if entropy != "off":
+        logged_means["actor/entropy"] = 0.0
+    pooled = PooledMeans(logged_means)
     mismatch = MismatchSums()
     grad_norms = []
-    entropy = _entropy_mode(cfg, logged)
     for epoch in range(algo.epochs):
         for m, chunks in enumerate(plan):
             mini_rows = _rows([p for c in chunks for p in c], n)
@@ -865,7 +895,7 @@ def _update(
                 if correction == "tis":
                     weigh = sequence_tis_weights if algo.loss == "gspo" else tis_weights
                     tis = weigh(ratio, loss_mask[rows, :width], cap)
-                loss, part_sums, part_stats = _policy_loss(
+                loss, part_sums, part_stats, part_means = _policy_loss(
                     out, old_logp, ref.get((m, i)), advantages[rows], loss_mask[rows, :width], denominator, cfg, tis
                 )
                 engine.backward(loss * weight, out.prompt)
@@ -873,7 +903,10 @@ def _update(
                 for key, value in part_sums.items():
                     sums[key] = sums.get(key, 0.0) + value * weight
                 if weight:
-                    pooled.add(m + epoch * len(plan), part_stats)
+                    pooled.add_ratios(m + epoch * len(plan), part_stats)
+                    tokens = int(loss_mask[rows, :width].sum())
+                    for name, mean in part_means.items():
+                        pooled.add(m + epoch * len(plan), name, mean, tokens)
             grad_norms.append(engine.step().grad_norm)  # global: the same on every rank
     engine.skip_steps(planned - len(grad_norms))  # a batch dynamic sampling left short
     keys = sorted(sums)
