@@ -67,6 +67,28 @@ def test_out_of_range_value_names_the_field():
         config_from_dict({"recipe": "demo", "model": {"tiny_family": "qwen2_5vl"}})
 
 
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"model": {"lora": {"rank": 4}}},
+        {"model": {"gradient_checkpointing": True}},
+        {"model": {"freeze_vision_tower": True}},
+        {"trainer": {"save_every": 5}},
+        {"trainer": {"micro_batch_size": 2}},
+        {"trainer": {"dist_timeout_minutes": 5}},
+    ],
+)
+def test_the_demo_refuses_the_model_and_trainer_fields_it_never_reads(section):
+    """The demo shares the model and trainer sections of the recipes, but trains every
+    weight of one clip a step in one process and writes its model once: a LoRA, a
+    checkpoint interval and the like would be taken and ignored."""
+    ((name, fields),) = section.items()
+    (field,) = fields
+    with pytest.raises(ConfigError, match=rf"{name}\.{field}: does nothing in the demo"):
+        config_from_dict({"recipe": "demo", **section})
+    config_from_dict({"recipe": "demo", "trainer": {"steps": 3, "max_grad_norm": 2.0}})  # what it reads
+
+
 def test_floats_accept_ints_and_exponent_strings():
     cfg = config_from_dict({"recipe": "demo", "optimizer": {"lr": "1e-6"}, "trainer": {"max_grad_norm": 2}})
     assert cfg.optimizer.lr == pytest.approx(1e-6)

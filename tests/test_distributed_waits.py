@@ -64,12 +64,11 @@ def _json_objects(text: str) -> list[dict]:
 
 def test_dist_timeout_minutes_defaults_to_30_and_must_be_positive():
     assert TrainerConfig().dist_timeout_minutes == 30.0
-    assert (
-        config_from_dict({"recipe": "demo", "trainer": {"dist_timeout_minutes": 90}}).trainer.dist_timeout_minutes == 90
-    )
+    grpo = {"recipe": "grpo", "data": {"train": "x"}}
+    assert config_from_dict({**grpo, "trainer": {"dist_timeout_minutes": 90}}).trainer.dist_timeout_minutes == 90
     for bad in (0, -1):
         with pytest.raises(ConfigError, match=r"trainer\.dist_timeout_minutes: must be > 0"):
-            config_from_dict({"recipe": "demo", "trainer": {"dist_timeout_minutes": bad}})
+            config_from_dict({**grpo, "trainer": {"dist_timeout_minutes": bad}})
 
 
 def test_init_gives_the_process_group_the_configured_timeout(monkeypatch):

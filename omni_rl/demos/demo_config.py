@@ -36,6 +36,25 @@ class DemoVideoConfig:
         require(self.sample_fps > 0, "sample_fps", "must be > 0")
 
 
+# the fields of the shared model and trainer sections the demo never reads, each with why
+NOT_FOR_DEMO = {
+    "model": {
+        "freeze_vision_tower": "the demo trains every weight",
+        "gradient_checkpointing": "the demo's steps are one short clip each",
+        "lora": "the demo trains every weight",
+    },
+    "trainer": {
+        "save_every": "the demo writes its model once, at the end",
+        "keep_last": "the demo writes no checkpoints",
+        "eval_every": "the demo asks its question before and after training",
+        "best_metric": "the demo keeps no best model",
+        "micro_batch_size": "each step is one clip",
+        "max_tokens_per_microbatch": "each step is one clip",
+        "dist_timeout_minutes": "the demo runs in one process",
+    },
+}
+
+
 @dataclass
 class DemoConfig:
     """The end-to-end demo: build or load a model, ask it which way a square moves in a
@@ -53,3 +72,12 @@ class DemoConfig:
     """The supervised steps."""
     optimizer: OptimizerConfig = field(default_factory=lambda: AdamWConfig(lr=1e-3))
     """The optimizer of those steps."""
+
+    def __post_init__(self):
+        defaults = {"model": ModelConfig(), "trainer": TrainerConfig()}
+        for section, fields in NOT_FOR_DEMO.items():
+            for name, why in fields.items():
+                value = getattr(getattr(self, section), name)
+                require(
+                    value == getattr(defaults[section], name), f"{section}.{name}", f"does nothing in the demo: {why}"
+                )
