@@ -235,7 +235,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. trainer.steps=10")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        reason = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(
+            f"--set {text!r}: the value is not YAML ({reason}); quote a string inside the YAML, "
+            f"e.g. --set \"{key.strip()}='{raw}'\""
+        ) from None
+    return key.strip().split("."), value
 
 
 def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:

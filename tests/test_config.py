@@ -89,6 +89,21 @@ def test_the_demo_refuses_the_model_and_trainer_fields_it_never_reads(section):
     config_from_dict({"recipe": "demo", "trainer": {"steps": 3, "max_grad_norm": 2.0}})  # what it reads
 
 
+def test_a_set_value_that_is_not_yaml_is_a_config_error_with_the_quoting():
+    """``--set data.prompt_template={problem}{options}`` (the field's default text) is
+    not YAML: a one-line error saying how to quote it, not PyYAML's traceback."""
+    from omni_rl.config import parse_override
+
+    with pytest.raises(
+        ConfigError, match=r"the value is not YAML .*--set \"data\.prompt_template='\{problem\}\{options\}'\""
+    ):
+        parse_override("data.prompt_template={problem}{options}")
+    assert parse_override("data.prompt_template='{problem}{options}'") == (
+        ["data", "prompt_template"],
+        "{problem}{options}",
+    )
+
+
 def test_floats_accept_ints_and_exponent_strings():
     cfg = config_from_dict({"recipe": "demo", "optimizer": {"lr": "1e-6"}, "trainer": {"max_grad_norm": 2}})
     assert cfg.optimizer.lr == pytest.approx(1e-6)
