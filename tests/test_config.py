@@ -326,6 +326,11 @@ def test_data_eval_sets_are_checked_when_the_config_loads():
         load_config(None, ["data.eval=[{benchmark: mvbench, data: mv, protocol: {nframez: 8}}]"], recipe="sft")
     with pytest.raises(ConfigError, match=r"protocol: applies to a benchmark preset only"):
         load_config(None, ["data.eval=[{data: held.jsonl, protocol: {nframes: 8}}]"], recipe="grpo")
+    # a preset answers by its protocol: the rows' settings would be taken and ignored
+    with pytest.raises(ConfigError, match=r"data\.eval\[0\]\.max_new_tokens: rows only: .*protocol\.max_new_tokens"):
+        load_config(None, ["data.eval=[{benchmark: mvbench, data: mv, max_new_tokens: 8}]"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"data\.eval\[0\]\.samples: rows only"):
+        load_config(None, ["data.eval=[{benchmark: mvbench, data: mv, samples: 4}]"], recipe="grpo")
     with pytest.raises(ConfigError, match=r"two eval sets share a name"):
         load_config(None, ["data.eval=[{data: a/held.jsonl}, {data: b/held.jsonl}]"], recipe="grpo")
     with pytest.raises(ConfigError, match=r"trainer\.best_metric: 'eval/other/accuracy' names no eval set"):

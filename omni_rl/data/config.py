@@ -47,6 +47,12 @@ class EvalSetConfig:
 
             require(self.benchmark in BENCHMARKS, "benchmark", f"known presets: {', '.join(BENCHMARKS.names())}")
             BENCHMARKS.get(self.benchmark).protocol.overridden(self.protocol)
+            require(self.samples == 1, "samples", "rows only: a benchmark preset answers by its protocol")
+            require(
+                self.max_new_tokens == EvalSetConfig.max_new_tokens,
+                "max_new_tokens",
+                "rows only: a benchmark preset's is protocol.max_new_tokens",
+            )
         else:
             require(not self.protocol, "protocol", "applies to a benchmark preset only")
         if not self.name:
