@@ -53,7 +53,8 @@ class RunConfig:
     overwrite: bool = False
     """Start afresh in an output_dir that holds a run, deleting its checkpoints,
     metrics, evaluations and exported model (``omni-rl train --overwrite``); without
-    it (or ``--resume``) such a directory is an error."""
+    it (or ``--resume``) such a directory is an error. The quickstarts always start
+    their runs afresh, whatever this says."""
 
     def __post_init__(self):
         require(self.threads is None or self.threads >= 1, "threads", "must be >= 1")

@@ -293,6 +293,17 @@ def test_quickstart_trains_grpo_without_the_labelled_decoys(tmp_path):
     assert summary["per_label"]["decoys"]["rows"] == 2
 
 
+@pytest.mark.parametrize("recipe", ["quickstart_sim", "quickstart_vla"])
+def test_the_sim_quickstarts_refuse_demonstrations_of_their_own(recipe):
+    """The sim and VLA quickstarts clone the demonstrations they collect: a bc.demos was
+    taken and replaced."""
+    from omni_rl.errors import ConfigError
+    from omni_rl.recipe_loader import load_config
+
+    with pytest.raises(ConfigError, match=r"bc\.demos: the quickstart clones the demonstrations it collects"):
+        load_config(None, ["bc.demos=/my/demos.safetensors"], recipe=recipe)
+
+
 def test_quickstart_curation_settings_are_checked():
     from omni_rl.config import FieldError
     from omni_rl.demos.quickstart_config import QuickstartData

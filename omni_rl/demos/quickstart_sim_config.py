@@ -59,6 +59,7 @@ class QuickstartSimConfig:
     """Behaviour cloning (its ``demos`` is the collected file)."""
 
     def __post_init__(self):
+        require(self.bc.demos is None, "bc.demos", "the quickstart clones the demonstrations it collects")
         require(self.demo_episodes >= 1, "demo_episodes", "must be >= 1")
         require(0 < self.demo_action_scale <= 1, "demo_action_scale", "must be in (0, 1]")
         require(self.seeds >= 1, "seeds", "must be >= 1")
