@@ -761,7 +761,8 @@ def _rewards_check(args: argparse.Namespace) -> int:
         print(f"unscorable: {problem.path}: row '{problem.id}': {problem.reason}")
     counts = Counter(row.problem_type for row in rows)
     summary = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
-    print(f"{len(rows) - len(problems)} of {len(rows) + len(failures)} rows scorable ({summary})")
+    summary = f" ({summary})" if summary else ""  # no row read: no types
+    print(f"{len(rows) - len(problems)} of {len(rows) + len(failures)} rows scorable{summary}")
     return 1 if problems or failures else 0
 
 
