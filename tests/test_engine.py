@@ -499,3 +499,40 @@ def test_a_resume_with_another_learning_rate_goes_on_at_it_and_says_so(tmp_path,
         checkpoint.load(doubled, tmp_path / "checkpoints" / "step-00000002")
     assert "resuming at learning rates [2.0] where the checkpoint's run had [1.0]" in caplog.text
     assert [used for used, _ in _steps(doubled, 2)] == approx([2 * lr_factor(s, 0, 8, "linear") for s in (2, 3)])
+
+
+def test_matmul_weights_go_to_bf16_but_a_head_tied_to_the_embedding_stays():
+    """A frozen copy under bf16-mixed keeps its matmul weights in bf16 (autocast rounds
+    them so anyway) and everything else in fp32; a head tied to the token embedding
+    stays fp32 (the embedding reads it); under autocast the copy computes exactly what
+    its fp32 twin does."""
+    from omni_rl.engine.engine import matmul_weights_to
+
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(11, 8)
+            self.proj = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.LayerNorm(8)
+            self.head = torch.nn.Linear(8, 11, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(self.norm(self.embed(ids) + self.proj(self.embed(ids))))
+
+    twin, frozen = Tiny(), Tiny()
+    frozen.load_state_dict(twin.state_dict())
+    matmul_weights_to(frozen, torch.bfloat16)
+    dtypes = {name: p.dtype for name, p in frozen.named_parameters()}
+    assert dtypes == {
+        "embed.weight": torch.float32,
+        "proj.weight": torch.bfloat16,
+        "proj.bias": torch.bfloat16,
+        "norm.weight": torch.float32,
+        "norm.bias": torch.float32,
+    }
+    ids = torch.tensor([[1, 5, 7, 10]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(frozen(ids), twin(ids))

@@ -378,6 +378,19 @@ def test_kl_in_the_reward_and_the_dual_clip_are_logged(tmp_path, shapes, monkeyp
     assert all("loss/kl" not in r and 0 <= r["loss/dual_clip_fraction"] <= 1 for r in rows)
 
 
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_under_bf16_mixed_the_reference_computes_what_the_policy_does_at_the_start(tmp_path, shapes, kl_in_reward):
+    """One process, bf16-mixed (CPU autocast): the policy's masters are fp32, and a
+    reference stored whole in bf16 ran its embeddings, norms and residual stream in
+    bf16, so the KL to it was above 0 before any update (k3 1.3e-6, |logp - ref| up to
+    0.004 on a tiny model; more over 28 layers and long answers). Stored as the policy
+    is, its matmul weights in bf16 (what autocast rounds them to), it is exact."""
+    algorithm = {"kl_coef": 0.05, "kl_in_reward": kl_in_reward, "epochs": 1}
+    trainer = {"steps": 1, "save_every": 0, "precision": "bf16-mixed"}
+    final = grpo.train(load_config(tiny_config(tmp_path, shapes, algorithm=algorithm, trainer=trainer)))
+    assert final["actor/kl"] == 0.0
+
+
 def test_lora_with_kl_trains_adapters_and_resumes(tmp_path, shapes):
     config = tiny_config(
         tmp_path,

@@ -381,11 +381,16 @@ class TrainingEngine:
 
     def wrap_frozen(self, model: nn.Module) -> nn.Module:
         """A frozen model (the KL reference) sharded and cast like the policy, so it
-        costs 1/N of its weights per rank under FSDP2."""
+        costs 1/N of its weights per rank under FSDP2, and computes what the policy
+        computes with the same weights. Under bf16-mixed in one process or under DDP it
+        arrives in fp32, as the policy's masters: its matmul weights go to bf16, which
+        autocast rounds them to anyway, and the rest (embeddings, norms) stays fp32, so
+        its residual stream is fp32 as the policy's is (``matmul_weights_to``)."""
         model.requires_grad_(False)
         if self.strategy == "fsdp":
             self._fully_shard(model, trainable=False)
         elif self._mixed():
+            matmul_weights_to(model, torch.bfloat16)
             _autocast_forward(model, self.device)
         return model
 
@@ -531,6 +536,24 @@ def _clip(params: list[nn.Parameter], max_norm: float) -> float:
 def _autocast(device: torch.device) -> torch.autocast:
     """bf16-mixed's compute outside FSDP2: bf16 autocast over fp32 weights."""
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+MATMUL_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+"""The layers whose weights autocast casts to bf16 on every forward."""
+
+
+def matmul_weights_to(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store in ``dtype`` the weights of ``model``'s ``MATMUL_MODULES`` that no other
+    kind of module shares (a head tied to the token embedding stays: the embedding reads
+    it in fp32). Under ``dtype`` autocast the model computes exactly what it computes
+    with those weights in fp32 (autocast rounds them to ``dtype`` the same way), in about
+    half the memory."""
+    shared = {id(p) for m in model.modules() if not isinstance(m, MATMUL_MODULES) for p in m.parameters(recurse=False)}
+    for module in model.modules():
+        if isinstance(module, MATMUL_MODULES):
+            for param in module.parameters(recurse=False):
+                if id(param) not in shared:
+                    param.data = param.data.to(dtype)
 
 
 def _autocast_forward(model: nn.Module, device: torch.device) -> None:

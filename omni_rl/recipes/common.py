@@ -207,8 +207,10 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
         enable({"use_reentrant": False})
     reference = None
     if with_reference and lora is None:
-        # frozen: bf16 storage is enough wherever compute is bf16
-        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        # as the policy's weights (wrap_frozen stores its matmul weights in bf16 under
+        # bf16-mixed); FSDP2's bf16-mixed computes both from bf16 copies: bf16 is enough
+        mixed_fsdp = strategy == "fsdp" and precision == "bf16-mixed"
+        dtype = torch.bfloat16 if mixed_fsdp else load_dtype(precision)
         reference, _ = load(base, device=run.device, dtype=dtype, empty=empty)
     model.train()
     return model, processor, reference
