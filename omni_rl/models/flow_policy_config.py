@@ -80,7 +80,8 @@ class FlowPolicyConfig(ModeDefaults):
     has no critic."""
     logprob: Literal["sum", "mean"] | None = None
     """With ppo.ratio chunk: a chunk's log-prob is the sum over executed actions and dims
-    (unset), or their mean (RLinf). Refused with ppo.ratio element."""
+    (unset), or their mean (which scales the log-ratio by 1 / their count, and so
+    widens the effective clip range). Refused with ppo.ratio element."""
 
     @property
     def vla(self) -> bool:
