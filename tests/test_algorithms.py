@@ -241,23 +241,6 @@ def test_k3_is_an_unbiased_nonnegative_estimate():
     assert k3.mean().item() == pytest.approx(exact, abs=3e-3)
 
 
-def test_k3_is_bounded_where_the_policy_falls_far_below_the_reference():
-    """k3 grows as exp(ref - logp): one token whose policy log-prob sits 28 under the
-    reference's gave 1.4e12, a KL term and gradient that swamp the update (gradient
-    clipping then shrinks every other token's to nothing). k3 is capped at
-    ``K3_BOUND`` (10, verl's bound) with no gradient past it; ordinary values are
-    untouched."""
-    from omni_rl.algorithms.losses import K3_BOUND
-
-    logp = torch.tensor([[-0.1, -0.2, -30.0, -120.0]], requires_grad=True)
-    ref = torch.tensor([[-0.2, -0.1, -2.0, -1.0]])
-    k3 = kl_estimate(logp, ref, "k3")
-    assert k3[0, 2:].tolist() == [K3_BOUND, K3_BOUND] and K3_BOUND == 10.0
-    assert k3[0, :2].tolist() == approx([math.exp(-0.1) - 1 + 0.1, math.exp(0.1) - 1 - 0.1])
-    k3.sum().backward()  # exp(119) overflows fp32: still no gradient, not a NaN
-    assert logp.grad[0, 2:].tolist() == [0.0, 0.0] and logp.grad[0, 0].item() == approx(1 - math.exp(-0.1))
-
-
 def test_token_logprobs_and_entropy():
     logits = torch.tensor([[[0.0, math.log(3)]]])  # softmax = 0.25, 0.75
     assert token_logprobs(logits, torch.tensor([[1]])).item() == approx(math.log(0.75))

@@ -374,7 +374,6 @@ def test_kl_in_the_reward_and_the_dual_clip_are_logged(tmp_path, shapes, monkeyp
     grpo.train(load_config(tiny_config(tmp_path, shapes, algorithm=algorithm, trainer={"steps": 2, "save_every": 0})))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["actor/kl"] == 0.0 and rows[1]["actor/kl"] > 0
-    assert all(r["actor/kl_capped"] == 0.0 for r in rows)  # k3, the default: no token near its cap
     assert all("loss/kl" not in r and 0 <= r["loss/dual_clip_fraction"] <= 1 for r in rows)
 
 
@@ -697,7 +696,6 @@ def test_gspo_update_divides_by_sequences_and_equals_the_hand_computation(monkey
     assert stats["actor/entropy"] == pytest.approx(1.5625, abs=1e-6)
     assert stats["actor/kl"] == pytest.approx(0.2625, abs=1e-6)
     assert stats["loss/approx_kl"] == 0 and "loss/dual_clip_fraction" not in stats
-    assert "actor/kl_capped" not in stats  # k1 has no cap
     # d/dlogp_it = (-A_i s_i + kl_coef) / (4 |y_i|) at s_i = 1; SGD at lr 1 steps by minus that:
     # (1 - 0.1) / 8 = 0.1125, (-0.5 - 0.1) / 4 = -0.15, (2 - 0.1) / 12 = 0.158333, (0.5 - 0.1) / 8 = 0.05
     step = torch.tensor([0.1125, -0.15, 0.158333, 0.05])[:, None] * mask
@@ -761,18 +759,6 @@ def test_sum_norm_kl_and_entropy_divide_by_the_fixed_length():
     assert means == pytest.approx({"actor/entropy": 1.4, "actor/kl": 0.28}, abs=1e-6)
     # entropy_coef is 0: the loss is the policy term plus 0.1 x the KL
     assert loss.item() == pytest.approx(-0.0625 + 0.1 * 0.0875, abs=1e-6)
-
-
-def test_the_share_of_capped_k3_tokens_is_logged():
-    """One of five valid tokens sits 28 under the reference: its k3 counts 10 and the
-    share of capped tokens, 0.2, is logged beside the per-token KL."""
-    cfg = load_config(None, ["data.train=x", "algorithm.kl_coef=0.1"], recipe="grpo")
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    logp = torch.tensor([[-0.1, -28.1, -0.1], [-0.1, -0.1, -50.0]])  # the padded -50 counts nowhere
-    _, sums, _, means = grpo._policy_loss(
-        _out(logp), logp, torch.full((2, 3), -0.1), torch.tensor([1.0, -1.0]), mask, 5.0, cfg
-    )
-    assert means == pytest.approx({"actor/kl": 2.0, "actor/kl_capped": 0.2}) and sums["loss/kl"] == pytest.approx(2.0)
 
 
 def test_an_offline_answer_joins_its_group_and_the_loss_adds_up(tmp_path, shapes, monkeypatch):

@@ -185,18 +185,11 @@ def gspo_policy_loss(
     return loss, stats
 
 
-K3_BOUND = 10.0
-"""The most one token's k3 counts (verl's bound): k3 grows as exp(ref - logp), so a token
-the policy puts far below the reference (a stale or mismatched rollout) would swamp the
-KL term and its gradient. A capped token has no KL gradient; ``actor/kl_capped`` logs
-their share."""
-
-
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", "k2", "k3"]) -> torch.Tensor:
     """Per-token estimators of KL(pi || ref) from samples of pi (Schulman's k1, k2, k3).
 
     logp, ref_logp: [N, L] -> [N, L]. k1 = log r', k2 = (log r')^2 / 2, k3 = r - 1 - log r
-    with r = ref/pi (unbiased and always >= 0), capped at ``K3_BOUND``.
+    with r = ref/pi (unbiased and always >= 0).
     """
     log_ratio = logp - ref_logp
     if kind == "k1":
@@ -204,10 +197,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: Literal["k1", 
     if kind == "k2":
         return 0.5 * log_ratio**2
     if kind == "k3":
-        # k3 < 10 needs log r' in about [-2.6, 12]: bounding it first keeps exp finite, so a
-        # capped token's gradient is 0, not 0 x inf
-        bounded = log_ratio.clamp(-20.0, 20.0)
-        return (torch.exp(-bounded) - 1 + bounded).clamp(max=K3_BOUND)
+        return torch.exp(-log_ratio) - 1 + log_ratio
     raise ValueError(f"unknown KL estimator '{kind}'")
 
 

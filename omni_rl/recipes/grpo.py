@@ -31,7 +31,6 @@ from omni_rl.algorithms.correction import (
     tis_weights,
 )
 from omni_rl.algorithms.losses import (
-    K3_BOUND,
     PolicyLossStats,
     aggregate,
     clipped_policy_loss,
@@ -309,8 +308,6 @@ def _policy_loss(out, old_logp, ref_logp, adv, mask, denominator: float, cfg: GR
         loss = loss + algo.kl_coef * kl
         sums["loss/kl"] = kl.item()  # the term as the loss aggregates it
         means["actor/kl"] = masked_mean(per_token, mask)
-        if algo.kl_estimator == "k3":
-            means["actor/kl_capped"] = masked_mean((per_token >= K3_BOUND).float(), mask)
     if out.entropy is not None:
         entropy = aggregate(out.entropy, mask, mode, length, denominator)
         loss = loss - algo.entropy_coef * entropy
@@ -365,12 +362,12 @@ def _reference_logp(engine: TrainingEngine, reference, batch, chunk, ids, mask, 
 
 
 @torch.no_grad()
-def _token_kl(engine: TrainingEngine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
-    """The KL estimate of every completion token, 0 past its end: [B*G, width]."""
+def _sequence_kl(engine: TrainingEngine, reference, batch, rollouts, mask, pad_id, cfg) -> torch.Tensor:
+    """Summed per-token KL estimate of each completion: [B*G]."""
     ids, everything = rollouts.completion_ids.to(engine.device), list(range(len(batch.samples)))
     logp = _logprobs(engine.model, batch, everything, ids, mask, pad_id, cfg).logp
     ref = _reference_logp(engine, reference, batch, everything, ids, mask, pad_id, cfg)
-    return kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask[:, : logp.shape[1]]
+    return (kl_estimate(logp, ref, cfg.algorithm.kl_estimator) * mask[:, : logp.shape[1]]).sum(-1)
 
 
 def _advantages(rewards: torch.Tensor, filler: bool, cfg: GRPOConfig) -> torch.Tensor:
@@ -499,21 +496,19 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
                 mask = mask_truncated(mask, rollouts.truncated.to(run.device))
             if batch.filler:
                 mask = torch.zeros_like(mask)
-            reward_kl = [0.0, 0.0, 0.0]  # this rank's summed per-token KL, capped tokens and tokens
+            reward_kl = [0.0, 0.0]  # this rank's summed per-token KL and its tokens
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
-                kl = _token_kl(engine, reference, batch, rollouts, mask, pad, cfg)
-                rewards = rewards - algo.kl_coef * kl.sum(-1).cpu()
-                reward_kl = [float(kl.sum()), float((kl >= K3_BOUND).sum()), float(mask.sum())]
+                kl = _sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg)
+                rewards = rewards - algo.kl_coef * kl.cpu()
+                reward_kl = [float(kl.sum()), float(mask.sum())]
             advantages = _advantages(rewards, batch.filler, cfg).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
             logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
             update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
             if algo.kl_coef > 0 and algo.kl_in_reward:
-                total, capped, tokens = distributed.all_sum(reward_kl)
+                total, tokens = distributed.all_sum(reward_kl)
                 update["actor/kl"] = total / tokens if tokens else 0.0
-                if algo.kl_estimator == "k3":
-                    update["actor/kl_capped"] = capped / tokens if tokens else 0.0
         if worker is None:
             with timer("weight_sync"):  # wakes a sleeping engine with the new weights
                 rollout.load_weights(engine.module)
@@ -860,8 +855,6 @@ def _update(
         logged_means["loss/dual_clip_fraction"] = 0.0
     if algo.kl_coef > 0 and not algo.kl_in_reward:
         logged_means["actor/kl"] = 0.0
-        if algo.kl_estimator == "k3":
-            logged_means["actor/kl_capped"] = 0.0
     if entropy != "off":
         logged_means["actor/entropy"] = 0.0
     pooled = PooledMeans(logged_means)

@@ -40,7 +40,7 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     """Weight of KL(policy || reference); 0 needs no reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator (``omni_rl.algorithms.losses.kl_estimate``; k3 capped at 10 a token)."""
+    """KL estimator."""
     kl_in_reward: bool = False
     """Subtract the KL from the reward instead of adding it to the loss."""
     entropy_coef: float = 0.0
