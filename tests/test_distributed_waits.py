@@ -94,7 +94,8 @@ def test_start_run_joins_with_the_trainer_timeout(monkeypatch, tmp_path):
         raise SystemExit("joined")
 
     monkeypatch.setattr(common.distributed, "init", init)
-    cfg = load_config(None, ["trainer.dist_timeout_minutes=75", f"run.output_dir={tmp_path}", "run.device=cpu"], "demo")
+    overrides = ["trainer.dist_timeout_minutes=75", f"run.output_dir={tmp_path}", "run.device=cpu", "data.train=x"]
+    cfg = load_config(None, overrides, "grpo")
     with pytest.raises(SystemExit, match="joined"):
         common.start_run(cfg, None)
     assert seen == [("cpu", 75.0, 0)]  # no rollout process outside GRPO's rollout.staleness: 1
