@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +191,25 @@ class HeldOut:
             checkpoint.restore_interrupted(self.out / "best" / "model")
         path = self.out / "best" / "best.json"
         return json.loads(path.read_text()) if path.is_file() else None
+
+    def forget_after(self, step: int) -> None:
+        """Resuming from the checkpoint of ``step``: a best model exported after it came
+        from the steps the resumed run trains again (their metrics rows are dropped too),
+        so it is removed. Its export replaced any earlier best's weights, so the best is
+        chosen again from the evaluations to come."""
+        if self.best is None or self.best["step"] <= step:
+            return
+        log.warning(
+            "best/model is the %s of step %d, after the checkpoint of step %d this run resumes from: "
+            "it is removed, and the best is chosen again from the evaluations after step %d",
+            self.best["metric"],
+            self.best["step"],
+            step,
+            step,
+        )
+        if distributed.ranks().is_main:
+            shutil.rmtree(self.out / "best")
+        self.best = None
 
     def keep_best(self, metrics: dict, step: int, engine, processor) -> None:
         """Export the model to ``OUTPUT_DIR/best/model`` when ``trainer.best_metric``

@@ -401,17 +401,21 @@ def per_rank(count: int, ranks: Ranks, name: str) -> int:
     return count // ranks.world_size
 
 
-def resume_steps(cfg, run: Run, engine, sampler, desc: str):
+def resume_steps(cfg, run: Run, engine, sampler, desc: str, heldout=None):
     """Restore a resumed run's engine state and data position, then return the metrics
     log and the progress bar over the steps left (rank 0 writes and shows them).
     ``sampler``: what holds the data position (``state_dict``/``load_state_dict``),
     saved under the checkpoint state's ``sampler``: GRPO's and SFT's prompt sampler,
-    flow_ppo's random stream and results so far."""
+    flow_ppo's random stream and results so far. ``heldout``: the run's eval sets
+    (``HeldOut``), whose best model from after the checkpoint is dropped with the
+    metrics rows."""
     start = 0
     if run.resume_from is not None:
         state = checkpoint.load(engine, run.resume_from)
         sampler.load_state_dict(state["sampler"])
         start = state["step"]
+        if heldout is not None:
+            heldout.forget_after(start)
     log = MetricsLog(run.out, start if run.resume_from else None, run.ranks.is_main, cfg.trainer.log_every, cfg)
     steps = cfg.trainer.steps
     if start >= steps:

@@ -450,7 +450,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     kept = SamplingFilter(tuple(rollout.banned), cfg.rollout.top_k, cfg.rollout.top_p)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
-    log, bar = resume_steps(cfg, run, engine, sampler, "grpo")
+    log, bar = resume_steps(cfg, run, engine, sampler, "grpo", heldout)
     _log.info("rollout correction: %s (cap %g)", _correction(cfg), algo.rollout_correction_cap)
     if cfg.rollout.reuse_prefill:
         blocker = _prefill_blocker(cfg, engine)

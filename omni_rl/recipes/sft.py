@@ -134,7 +134,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     model, processor, _ = setup_model(cfg, run)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
-    log, bar = resume_steps(cfg, run, engine, sampler, "sft")
+    log, bar = resume_steps(cfg, run, engine, sampler, "sft", heldout)
     row: dict = {}
     for step in bar:
         timer = Timer()
