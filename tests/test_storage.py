@@ -336,3 +336,44 @@ def test_a_kill_between_the_export_renames_keeps_the_previous_best_model(tmp_pat
     assert not (tmp_path / "best" / "model").exists()
     _heldout(tmp_path, shapes)
     assert _snapshot(tmp_path / "best") == before
+
+
+# ------------------------------------------------------------------ a checkpoint before any update
+
+
+def _first_updates(tmp_path: Path, save_first: bool) -> tuple[torch.Tensor, TrainingEngine]:
+    """The weight change of two AdamW steps after a skipped one (GRPO: dynamic sampling
+    kept no group), with or without a checkpoint between the skip and the steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    engine = TrainingEngine(model, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=3, max_grad_norm=0.0)
+    engine.skip_steps(1)
+    if save_first:
+        checkpoint.save(engine, tmp_path, 1, {"sampler": {}}, export=False)
+        assert not engine.optimizer.state  # saving took no optimizer step
+    before = model.weight.detach().clone()
+    for _ in range(2):
+        engine.backward(model(torch.ones(2, 4)).square().sum())
+        engine.step()
+    return model.weight.detach() - before, engine
+
+
+def test_a_checkpoint_before_the_first_update_leaves_the_optimizer_as_it_was(tmp_path):
+    """torch's optimizer state dict fills an empty optimizer's state by a step at lr 0
+    (AdamW's count at 1, zero moments), which shrank the next update by a quarter. A
+    checkpoint saved before any update leaves it empty, and resuming from it trains as
+    the run that saved it."""
+    plain, _ = _first_updates(tmp_path / "a", save_first=False)
+    saved, _ = _first_updates(tmp_path / "b", save_first=True)
+    assert torch.equal(saved, plain)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    engine = TrainingEngine(model, AdamWConfig(lr=0.1), torch.device("cpu"), total_steps=3, max_grad_norm=0.0)
+    checkpoint.load(engine, tmp_path / "b" / "checkpoints" / "step-00000001")
+    assert not engine.optimizer.state
+    before = model.weight.detach().clone()
+    for _ in range(2):
+        engine.backward(model(torch.ones(2, 4)).square().sum())
+        engine.step()
+    assert torch.equal(model.weight.detach() - before, plain)

@@ -206,7 +206,14 @@ def save(
             with stop_on_disk_full(tmp):
                 (tmp / "rng").mkdir(parents=True)
         distributed.barrier()
+        fresh = not engine.optimizer.state  # no update yet (every step so far skipped)
         flat, groups = _flat_state(engine)
+        if fresh:
+            # torch's optimizer state dict fills an empty state by a step at lr 0 (AdamW's
+            # count at 1, zero moments), which would change every later update: the run
+            # goes on without it, and the checkpoint holds none (load reads it as such)
+            engine.optimizer.state.clear()
+            flat = {k: v for k, v in flat.items() if not k.startswith("optim.")}
         with stop_on_disk_full(tmp / "sharded", _nbytes(flat.values())):
             writer = dcp.HuggingFaceStorageWriter(str(tmp / "sharded"), save_distributed=True)
             try:
