@@ -333,8 +333,18 @@ def _check_eval(args: argparse.Namespace) -> None:
     arg("--benchmark", metavar="NAME", choices=BENCHMARK_NAMES, help="a benchmark preset: %(choices)s"),
     arg("--predictions", metavar="FILE", help="with --benchmark: JSONL of {id, response} to score (no model)"),
     arg("--samples", type=int, default=None, metavar="K", help="completions per row (1: greedy; K: pass@K)"),
-    arg("--config", metavar="FILE", help="a config whose media, data.prompt_template and rewards sections apply"),
-    arg("--max-new-tokens", type=int, default=None, help="longest answer (default: 64, or the preset's)"),
+    arg(
+        "--config",
+        metavar="FILE",
+        help="a config whose media, data.prompt_template, rewards (with its plug-ins) and rollout "
+        "(the answer length; with K > 1 temperature, top_p, top_k) sections apply",
+    ),
+    arg(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="longest answer (default: rollout.max_new_tokens of --config, else 64; --benchmark: the preset's)",
+    ),
     arg("--cache", metavar="DIR", help="with --benchmark: a media cache, filled with the preset's media on first use"),
     arg(
         "--out", metavar="PATH", help="the summary JSON (a file); with --benchmark a directory (default runs/eval/NAME)"
@@ -355,6 +365,8 @@ def _eval(args: argparse.Namespace) -> int:
     from omni_rl.models import load
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
+    from omni_rl.rewards import load_plugins
+    from omni_rl.rollout.hf import SamplingParams
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
     cfg = load_config(args.config, args.overrides, recipe="preprocess")
@@ -362,7 +374,12 @@ def _eval(args: argparse.Namespace) -> int:
     # any recipe's config: the sections it has apply, the defaults stand in for the others
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
-    rewards = sections.get("rewards")
+    rewards, rollout = sections.get("rewards"), sections.get("rollout")
+    load_plugins(rewards.custom if rewards is not None else None)
+    # a GRPO config: answers as long as its rollouts', sampled (K > 1) as they are
+    sampling = SamplingParams(max_new_tokens=64)
+    if rollout is not None:
+        sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens)
     set_threads(run.threads)
     device = resolve_device(run.device)
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
@@ -374,7 +391,17 @@ def _eval(args: argparse.Namespace) -> int:
         columns=dict(data.columns),
     )
     settings = rewards.settings() if rewards is not None else None
-    summary = evaluate_rows(model, processor, dataset, samples, args.max_new_tokens or 64, settings=settings)
+    summary = evaluate_rows(
+        model,
+        processor,
+        dataset,
+        samples,
+        args.max_new_tokens or sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        settings=settings,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+    )
     print(rows_table(summary))
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
@@ -402,7 +429,12 @@ CURATE_ARGS = (
     arg("--model", required=True, metavar="DIR", help="a checkpoint directory, or a run's directory (its model/)"),
     arg("--out", required=True, metavar="DIR", help="where the kept and dropped rows and the report go"),
     arg("--samples", type=int, default=8, metavar="K", help="answers sampled per question (default: 8)"),
-    arg("--max-new-tokens", type=int, default=64, help="longest answer (default: 64)"),
+    arg(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="longest answer (default: rollout.max_new_tokens of --config, else 64)",
+    ),
     arg(
         "--batch-prompts",
         type=int,
@@ -413,7 +445,8 @@ CURATE_ARGS = (
     arg(
         "--config",
         metavar="FILE",
-        help="a config whose media, data, rewards, rollout.temperature and rollout.engine (vllm: GPUs) apply",
+        help="a config whose media, data, rewards (with its plug-ins), rollout.temperature, top_p, top_k, "
+        "max_new_tokens and rollout.engine (vllm: GPUs) apply",
     ),
     overrides("--set rollout.temperature=0.7"),
 )
@@ -468,10 +501,13 @@ def _curate(args: argparse.Namespace, rule) -> int:
     from omni_rl.models import load
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
+    from omni_rl.rewards import load_plugins
     from omni_rl.rollout import build_rollout_engine
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
-    cfg = load_config(args.config, args.overrides, recipe="grpo")
+    # without --config the grpo defaults stand in, answering at most 64 tokens
+    defaults = [] if args.config else ["rollout.max_new_tokens=64"]
+    cfg = load_config(args.config, [*defaults, *args.overrides], recipe="grpo")
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
     rollout, rewards = sections.get("rollout"), sections.get("rewards")
@@ -483,11 +519,14 @@ def _curate(args: argparse.Namespace, rule) -> int:
     if rollout is not None and rollout.engine != "hf":  # vllm: it answers, loaded from the same checkpoint
         engine = build_rollout_engine(cfg, model, processor, model.omni_rl_stored.path, Path(args.out))
         engine.load_weights(model)
+    load_plugins(rewards.custom if rewards is not None else None)
     asking = Asking(
         samples=args.samples,
         temperature=rollout.temperature if rollout is not None else 1.0,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=args.max_new_tokens or (rollout.max_new_tokens if rollout is not None else 64),
         batch_prompts=args.batch_prompts,
+        top_p=rollout.top_p if rollout is not None else 1.0,
+        top_k=rollout.top_k if rollout is not None else 0,
     )
     result = curate(
         model,

@@ -127,16 +127,21 @@ def test_rows_eval_and_training_eval_score_alike(tmp_path, shapes, monkeypatch):
 
 
 def test_a_set_listed_greedy_and_sampled_logs_both_accuracies(tmp_path, shapes, monkeypatch):
-    """The same rows as two ``data.eval`` sets, greedy and with 4 samples: the greedy
-    accuracy, the pass@4 and the accuracy of one sampled answer (the mean over the 4),
-    side by side in the metrics and in the sampled set's results."""
+    """The same rows as two ``data.eval`` sets, greedy and with 4 samples (sampled as
+    the rollouts are): the greedy accuracy, the pass@4 and the accuracy of one sampled
+    answer (the mean over the 4), side by side in the metrics and in the sampled set's
+    results."""
     import torch
 
     from omni_rl.data.config import EvalSetConfig
     from omni_rl.evaluation import pipeline
     from omni_rl.evaluation.during_training import HeldOut
+    from omni_rl.rollout.hf import SamplingParams
+
+    asked = []
 
     def canned(model, processor, dataset, sampling, samples, indices, *rest):
+        asked.append(sampling)
         rows = [dataset.rows[i] for i in indices]
         # even rows: right first, then wrong; odd rows: always wrong
         answers = [
@@ -151,7 +156,11 @@ def test_a_set_listed_greedy_and_sampled_logs_both_accuracies(tmp_path, shapes, 
         EvalSetConfig(data=str(shapes), name="greedy"),
         EvalSetConfig(data=str(shapes), name="sampled", samples=4),
     ]
-    metrics = HeldOut(cfg, tmp_path, "qwen2_5_vl")(torch.nn.Linear(1, 1), None, step=2)
+    rollouts = SamplingParams(0.7, top_p=0.9, top_k=20, max_new_tokens=40)  # GRPO's rollout section
+    metrics = HeldOut(cfg, tmp_path, "qwen2_5_vl", sampling=rollouts)(torch.nn.Linear(1, 1), None, step=2)
+    greedy, sampled = asked
+    assert (greedy.temperature, greedy.max_new_tokens) == (0.0, 40)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.max_new_tokens) == (0.7, 0.9, 20, 40)
     assert metrics["eval/greedy/accuracy"] == 0.5 and "eval/greedy/sampled_accuracy" not in metrics
     assert metrics["eval/sampled/accuracy"] == 0.5 and metrics["eval/sampled/sampled_accuracy"] == 0.125
     results = json.loads((tmp_path / "eval" / "sampled" / "step-2" / "results.json").read_text())
@@ -308,3 +317,57 @@ def test_a_resumed_run_drops_the_best_model_exported_after_its_checkpoint(tmp_pa
     best.write_text(json.dumps({"metric": "eval/held/accuracy", "value": 2.0, "step": 1}))
     sft.train(cfg, resume=checkpoint_1)
     assert json.loads(best.read_text()) == {"metric": "eval/held/accuracy", "value": 2.0, "step": 1}
+
+
+def test_eval_and_curate_ask_as_the_configs_rollouts(tmp_path, shapes, tiny_checkpoint, monkeypatch):
+    """With a GRPO ``--config``, eval and curate answer up to its rollout.max_new_tokens
+    (not 64 tokens), sample K > 1 answers at its temperature, top_p and top_k, and score
+    with its plug-in scorers."""
+    from omni_rl.config import save_config
+    from omni_rl.evaluation import curate, pipeline
+
+    rows = [json.loads(line) for line in shapes.read_text().splitlines()][:2]
+    data = shapes.with_name("vowels.jsonl")  # beside the clips its rows name
+    data.write_text("".join(json.dumps({**row, "problem_type": "vowel_share"}) + "\n" for row in rows))
+    rollout = ["rollout.max_new_tokens=5", "rollout.temperature=0.7", "rollout.top_p=0.9", "rollout.top_k=20"]
+    plugin = "rewards.custom={vowel_share: 'reward_plugins:vowel_share'}"
+    config = save_config(
+        load_config(None, [f"data.train={data}", *rollout, plugin, *MEDIA], recipe="grpo"), tmp_path / "grpo.yaml"
+    )
+    asked = []
+    for module in (pipeline, curate):
+        real = module.answer_rows
+
+        def answer(model, processor, dataset, sampling, *rest, real=real, **kw):
+            asked.append(sampling)
+            return real(model, processor, dataset, sampling, *rest, **kw)
+
+        monkeypatch.setattr(module, "answer_rows", answer)
+    model = str(tiny_checkpoint("qwen2_5_vl"))
+    common = ["--data", str(data), "--model", model, "--config", str(config)]
+    assert main(["eval", *common, "--out", str(tmp_path / "greedy.json")]) == 0
+    assert main(["eval", *common, "--samples", "2", "--out", str(tmp_path / "sampled.json")]) == 0
+    out = str(tmp_path / "curated")
+    assert (
+        main(
+            [
+                "curate",
+                "text-only",
+                str(data),
+                "--model",
+                model,
+                "--config",
+                str(config),
+                "--out",
+                out,
+                "--samples",
+                "2",
+            ]
+        )
+        == 0
+    )
+    greedy, sampled, curated = asked
+    assert (greedy.temperature, greedy.max_new_tokens) == (0.0, 5)
+    for sampling in (sampled, curated):
+        assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens) == (0.7, 0.9, 20, 5)
+    assert json.loads((tmp_path / "greedy.json").read_text())["per_type"].keys() == {"vowel_share"}

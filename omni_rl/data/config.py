@@ -28,8 +28,9 @@ class EvalSetConfig:
     """Rows: completions per row (1: greedy; K: pass@K at rollout temperature, and the
     accuracy of one sampled answer as ``sampled_accuracy``). List a file twice, greedy
     and sampled, to watch the two part."""
-    max_new_tokens: int = 64
-    """Rows: the longest answer."""
+    max_new_tokens: int | None = None
+    """Rows: the longest answer (default: GRPO's ``rollout.max_new_tokens``, what its
+    rollouts answer with; SFT's 64)."""
     limit: int = 0
     """Evaluate this many rows, spread evenly over the set (and a benchmark's tasks);
     0: all."""
@@ -42,6 +43,7 @@ class EvalSetConfig:
         require(self.samples >= 1, "samples", "must be >= 1")
         require(self.limit >= 0, "limit", "must be >= 0")
         require(self.batch_prompts >= 1, "batch_prompts", "must be >= 1")
+        require(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         if self.benchmark is not None:
             from omni_rl.benchmarks import BENCHMARKS
 
@@ -49,7 +51,7 @@ class EvalSetConfig:
             BENCHMARKS.get(self.benchmark).protocol.overridden(self.protocol)
             require(self.samples == 1, "samples", "rows only: a benchmark preset answers by its protocol")
             require(
-                self.max_new_tokens == EvalSetConfig.max_new_tokens,
+                self.max_new_tokens is None,
                 "max_new_tokens",
                 "rows only: a benchmark preset's is protocol.max_new_tokens",
             )

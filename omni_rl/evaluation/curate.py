@@ -40,11 +40,14 @@ LABEL = "decoy"  # a generator's label of a row its wording answers (the report 
 
 @dataclass(frozen=True)
 class Asking:
-    """How each question is asked: K answers sampled at a temperature, up to a length."""
+    """How each question is asked: K answers sampled at a temperature (top-p and top-k
+    as training's rollouts filter), up to a length."""
 
     samples: int = 8
     temperature: float = 1.0
     max_new_tokens: int = 64
+    top_p: float = 1.0
+    top_k: int = 0
     batch_prompts: int = 8
     chunk_rows: int = 64
     """Rows answered between two writes of the progress file."""
@@ -178,6 +181,9 @@ def asked_by(
         "temperature": sampling.temperature,
         "max_new_tokens": sampling.max_new_tokens,
         "prompt_template": prompt_template,
+        # recorded only when they filter: records from before they were are reused
+        **({"top_p": sampling.top_p} if sampling.top_p < 1 else {}),
+        **({"top_k": sampling.top_k} if sampling.top_k > 0 else {}),
     }
 
 
@@ -304,8 +310,10 @@ def curate(
     if where.is_main:
         say_left_out(data, refused, refused_rows)
     usable = [row for row in rows if row.id not in unusable]
-    sampling = SamplingParams(
-        temperature=asking.temperature if asking.samples > 1 else 0.0, max_new_tokens=asking.max_new_tokens
+    sampling = (
+        SamplingParams(asking.temperature, asking.top_p, asking.top_k, asking.max_new_tokens)
+        if asking.samples > 1
+        else SamplingParams(temperature=0.0, max_new_tokens=asking.max_new_tokens)
     )
     key = asked_by(model, rule, sampling, asking.samples, prompt_template, seed)
     prompts = out / "text_only_prompts.jsonl"

@@ -4,8 +4,8 @@ model kept when ``trainer.best_metric`` is set.
 
 Each rank answers its share of every set's rows; rank 0 scores, logs and writes
 ``OUTPUT_DIR/eval/NAME/step-N/results.json`` (benchmarks: lmms-eval's layout). The
-recipe passes what differs between recipes: the reward settings and the sampling
-temperature of pass@K rows sets.
+recipe passes what differs between recipes: the reward settings and how pass@K rows
+sets sample (GRPO: as its rollouts do).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from omni_rl.models import family_of
 from omni_rl.preprocess.cache import atomic_write_bytes
 from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.rewards import RewardSettings
+from omni_rl.rollout.hf import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ class HeldOut:
         out: the run's output directory.
         family: the model family, whose media defaults a benchmark's protocol uses.
         settings: the reward settings rows sets are scored with (None: the defaults).
-        temperature: the sampling temperature of rows sets with ``samples`` > 1.
+        sampling: the answer length of rows sets that set none, and the temperature,
+            top-p and top-k of those with ``samples`` > 1 (GRPO: its rollout section's;
+            None: 64 tokens, temperature 1, no filter).
         inputs: the dtype of the cached model inputs rows sets read (None: none;
             ``omni_rl.data.dataset.MediaDataset``).
     """
@@ -60,11 +63,11 @@ class HeldOut:
         out: Path,
         family: str,
         settings: RewardSettings | None = None,
-        temperature: float = 1.0,
+        sampling: SamplingParams | None = None,
         inputs: str | None = None,
     ):
         self.cfg, self.out, self.inputs = cfg, out, inputs
-        self.settings, self.temperature = settings, temperature
+        self.settings, self.sampling = settings, sampling or SamplingParams(max_new_tokens=64)
         self.best = self._read_best()
         self.sets = [self._benchmark(spec, family) if spec.benchmark else self._rows(spec) for spec in cfg.data.eval]
         for s in self.sets:
@@ -99,13 +102,13 @@ class HeldOut:
         cfg,
         out: Path,
         settings: RewardSettings | None = None,
-        temperature: float = 1.0,
+        sampling: SamplingParams | None = None,
         inputs: str | None = None,
     ) -> HeldOut:
         """The run's eval sets, for its model's family (read before the model is built);
         ``inputs``: the dtype of the cached model inputs the run reads (None: none)."""
         family = family_of(cfg.model.path).name if cfg.model.path else cfg.model.tiny_family
-        return cls(cfg, out, family, settings, temperature, inputs)
+        return cls(cfg, out, family, settings, sampling, inputs)
 
     def datasets(self) -> dict:
         """Each set's dataset, by ``eval/NAME`` (for the run's summary)."""
@@ -161,8 +164,10 @@ class HeldOut:
             processor,
             s.dataset,
             spec.samples,
-            spec.max_new_tokens,
-            temperature=self.temperature,
+            spec.max_new_tokens or self.sampling.max_new_tokens,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
             batch_prompts=spec.batch_prompts,
             settings=self.settings,
             progress=False,

@@ -26,14 +26,21 @@ def evaluate_rows(
     batch_prompts: int = 8,
     settings: RewardSettings | None = None,
     progress: bool = True,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> dict:
     """Score ``samples`` completions per row (greedy when 1, else sampled at
-    ``temperature``); a row's accuracy is its best completion's (pass@k for k > 1).
+    ``temperature``, ``top_p`` and ``top_k``, as training's rollouts are); a row's
+    accuracy is its best completion's (pass@k for k > 1).
 
     Returns ``summarize``'s summary (accuracy, per_type, per_source, rows, ...) with
     row_accuracy ({row id: accuracy}), answers ({row id: its completions}), rows_read,
     refused_rows (when the dataset loaded) and skipped_rows (media that did not decode)."""
-    sampling = SamplingParams(temperature=0.0 if samples == 1 else temperature, max_new_tokens=max_new_tokens)
+    sampling = (
+        SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        if samples == 1
+        else SamplingParams(temperature, top_p, top_k, max_new_tokens)
+    )
     answered, failures = answer_rows(
         model, processor, dataset, sampling, samples, my_share(dataset), batch_prompts, progress
     )

@@ -438,16 +438,14 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         return _serve_rollouts(cfg, run)
     load_plugins(cfg.rewards.custom)
     dataset, sampler = setup_data(cfg, run.device)  # every row checked before the model is built
-    heldout = HeldOut.for_run(
-        cfg, run.out, cfg.rewards.settings(), cfg.rollout.temperature, model_inputs(cfg, run.device)
-    )
+    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    heldout = HeldOut.for_run(cfg, run.out, cfg.rewards.settings(), sampling, model_inputs(cfg, run.device))
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     total = cfg.trainer.steps * _updates_per_step(cfg)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, total)
     if reference is not None:
         reference = engine.wrap_frozen(reference)
     rollout = build_rollout_engine(cfg, engine.module, processor, model_dir(cfg, run.out), run.out)
-    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
     kept = SamplingFilter(tuple(rollout.banned), cfg.rollout.top_k, cfg.rollout.top_p)
     n, algo, pad = cfg.rollout.n, cfg.algorithm, processor.tokenizer.pad_token_id
     log, bar = resume_steps(cfg, run, engine, sampler, "grpo", heldout)
