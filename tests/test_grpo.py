@@ -902,3 +902,25 @@ def test_a_filler_group_adds_nothing_to_the_response_lengths():
         "response/clipped_fraction": 1.0,
         "rollout/tokens": 80,
     }
+
+
+def test_kl_in_the_reward_covers_the_answers_overlong_masking_leaves_out_of_the_loss(tmp_path, shapes, monkeypatch):
+    """``overlong: mask`` leaves answers cut at ``max_new_tokens`` out of the loss, yet
+    their rewards set their group's baseline: the KL in the reward is theirs too (it was
+    taken over the loss's mask, so a cut answer paid no KL and moved the others'
+    advantages by kl_coef x its KL / G)."""
+    masks = []
+
+    def sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg):
+        masks.append((mask.cpu(), rollouts.completion_mask.clone(), rollouts.truncated.clone()))
+        return torch.zeros(mask.shape[0])
+
+    monkeypatch.setattr(grpo, "_sequence_kl", sequence_kl)
+    algorithm = {"kl_coef": 0.1, "kl_in_reward": True, "overlong": "mask", "epochs": 1}
+    trainer = {"steps": 1, "save_every": 0}
+    grpo.train(
+        load_config(tiny_config(tmp_path, shapes, algorithm=algorithm, rollout={"max_new_tokens": 3}, trainer=trainer))
+    )
+    ((mask, completion, truncated),) = masks
+    assert truncated.any()  # a tiny random model seldom stops within 3 tokens
+    assert torch.equal(mask, completion.to(mask.dtype))

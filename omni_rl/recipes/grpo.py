@@ -489,16 +489,19 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         sources = [s.data_source for s in batch.samples for _ in range(n)] if not batch.filler else []
         # ADVANTAGE: group-relative within each rank's groups; REINFORCE++ whitens over every rank's
         with timer("advantage"):
-            mask = rollouts.completion_mask.to(run.device)
-            if algo.overlong == "mask":
-                mask = mask_truncated(mask, rollouts.truncated.to(run.device))
+            generated = rollouts.completion_mask.to(run.device)
             if batch.filler:
-                mask = torch.zeros_like(mask)
+                generated = torch.zeros_like(generated)
+            # the loss's tokens: overlong masking leaves out the answers cut at the limit
+            mask = (
+                mask_truncated(generated, rollouts.truncated.to(run.device)) if algo.overlong == "mask" else generated
+            )
             reward_kl = [0.0, 0.0]  # this rank's summed per-token KL and its tokens
             if algo.kl_coef > 0 and algo.kl_in_reward and batch.samples:
-                kl = _sequence_kl(engine, reference, batch, rollouts, mask, pad, cfg)
+                # every answer's reward sets its group's baseline, a cut one's too: each pays its KL
+                kl = _sequence_kl(engine, reference, batch, rollouts, generated, pad, cfg)
                 rewards = rewards - algo.kl_coef * kl.cpu()
-                reward_kl = [float(kl.sum()), float(mask.sum())]
+                reward_kl = [float(kl.sum()), float(generated.sum())]
             advantages = _advantages(rewards, batch.filler, cfg).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
