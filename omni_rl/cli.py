@@ -572,7 +572,6 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from omni_rl.engine.distributed import sum_counts
     from omni_rl.evaluation import benchmark
     from omni_rl.evaluation.pipeline import answer_benchmark, evaluate_benchmark
     from omni_rl.evaluation.summary import benchmark_table
@@ -591,7 +590,7 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))
         dataset, media = benchmark.media_dataset(prepared, family_of(args.model).name, args.cache)
         answers, failures = answer_benchmark(prepared, dataset, model, processor)
-        config["media"] = {"settings": dataclasses.asdict(media), **sum_counts(dataset.cache_metrics())}
+        config["media"] = {"settings": dataclasses.asdict(media), **dataset.run_metrics()}
     else:
         raise OmniRLError("eval --benchmark: give --model DIR or --predictions FILE")
     summary, scored = evaluate_benchmark(prepared, answers, failures, config)

@@ -32,6 +32,7 @@ from typing import Literal
 
 import numpy as np
 
+from omni_rl.engine import distributed
 from omni_rl.errors import OmniRLError, RowFailure
 from omni_rl.models.inputs import encode_prompts
 from omni_rl.preprocess.audio import SAMPLE_RATE
@@ -326,8 +327,8 @@ class MediaDataset:
         checkpoint does not keep these): from the cache, decoded from raw files, and
         found by hashing the source because the index could not name the entry; videos
         used without the sound their row asked for (``missing_video_audio:
-        video_only``); sounds cut at ``media.max_audio_seconds``; and bad rows skipped
-        (each counted once, on the process that found it)."""
+        video_only``); sounds cut at ``media.max_audio_seconds``; and the bad rows this
+        process skipped (``run_metrics`` counts each once over every process)."""
         return {
             "data/cache_hits": self.cache_hits,
             "data/cache_misses": self.cache_misses,
@@ -339,6 +340,14 @@ class MediaDataset:
             "data/inputs_misses": self.inputs_misses,
             "skipped/bad_rows": len(self.bad),
         }
+
+    def run_metrics(self) -> dict[str, int]:
+        """``cache_metrics`` over every process (a collective: each calls it): the reads
+        summed, and each bad row counted once, however many processes it was dealt to
+        (in a later epoch another rank may read a row one rank found bad)."""
+        counts = self.cache_metrics()
+        bad = set(distributed.gather_objects(list(self.bad)))
+        return {**distributed.sum_counts(counts), "skipped/bad_rows": len(bad)}
 
     def encoded(self, index: int, processor) -> tuple[Sample, dict] | None:
         """Row ``index`` as a sample with its model inputs, or None for a bad row (its

@@ -143,7 +143,7 @@ def finish_run(run: Run, step: int, datasets: dict, row: dict, results: dict | N
         summary["results"] = results
     for name, dataset in datasets.items():
         # every rank loads all rows, and reads only its share of the media
-        summary["data"][name] = {**dataset.load_report(), **distributed.sum_counts(dataset.cache_metrics())}
+        summary["data"][name] = {**dataset.load_report(), **dataset.run_metrics()}
     if run.ranks.is_main and final is not None:
         # a new link renamed over the old one: the model link is never missing
         link, tmp = run.out / "model", run.out / ".model.tmp"

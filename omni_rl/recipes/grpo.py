@@ -544,7 +544,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             **{k: v for k, v in report.items() if k not in ("engine", "cache")},
             **engine.metrics(),
             "reward/scorer_errors": sum("error" in r.details for r in every_result),
-            **(report["cache"] if worker is not None else distributed.sum_counts(dataset.cache_metrics())),
+            **(report["cache"] if worker is not None else dataset.run_metrics()),
             **dataset.load_report(),
             **sampler.metrics(),
             **_offline_metrics(collected.mixed, algo.offline_responses),

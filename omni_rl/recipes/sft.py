@@ -166,7 +166,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "loss/sft": loss,
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
-            **distributed.sum_counts(dataset.cache_metrics()),
+            **dataset.run_metrics(),
             **dataset.load_report(),
             **engine.metrics(),
             **distributed.mean_metrics(timer.metrics()),
