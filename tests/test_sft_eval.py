@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from omni_rl.cli import main
+from omni_rl.errors import OmniRLError
 from omni_rl.models import forward, load
 from omni_rl.models.forward import explicit_positions, reset_rope_deltas
 from omni_rl.models.inputs import append_completion
@@ -371,3 +372,15 @@ def test_eval_and_curate_ask_as_the_configs_rollouts(tmp_path, shapes, tiny_chec
     for sampling in (sampled, curated):
         assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens) == (0.7, 0.9, 20, 5)
     assert json.loads((tmp_path / "greedy.json").read_text())["per_type"].keys() == {"vowel_share"}
+
+
+def test_sft_skips_and_counts_rows_longer_than_its_limit(tmp_path, shapes):
+    """A row longer than ``sft.max_length`` (its prompt with the clip's tokens, and its
+    target) is skipped and counted, as GRPO skips prompts over its limit; when every row
+    is, the run stops saying why. Under a limit no row reaches, none is."""
+    common = [f"data.train={shapes}", "trainer.steps=1", "data.prompts_per_step=2", *MEDIA]
+    cfg = load_config(None, [*common, f"run.output_dir={tmp_path / 'short'}", "sft.max_length=8"], recipe="sft")
+    with pytest.raises(OmniRLError, match=r"nearly every row drawn is skipped: \d+ rows over sft.max_length=8"):
+        sft.train(cfg)
+    cfg = load_config(None, [*common, f"run.output_dir={tmp_path / 'long'}", "sft.max_length=100000"], recipe="sft")
+    assert sft.train(cfg)["skipped/row_too_long"] == 0

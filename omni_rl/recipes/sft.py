@@ -7,6 +7,8 @@ on the target tokens only.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from omni_rl.data.dataset import Sample
@@ -39,6 +41,9 @@ from omni_rl.recipes.common import (
     start_run,
 )
 from omni_rl.recipes.sft_config import SFTConfig
+from omni_rl.rollout.hf import max_positions
+
+_log = logging.getLogger(__name__)
 
 
 def render_target(template: str, sample: Sample) -> str:
@@ -49,16 +54,45 @@ def render_target(template: str, sample: Sample) -> str:
         raise OmniRLError(f"sft.target_template field {err} is not in row '{sample.id}'") from None
 
 
-def _encode(dataset, sampler, count: int, processor, cfg: SFTConfig, balance: Balance) -> list[tuple[dict, list[int]]]:
+def row_limit(cfg: SFTConfig, model) -> tuple[int, str] | None:
+    """The longest row trained and what sets it: ``sft.max_length`` or the model's
+    positions, whichever is less (None: neither sets one)."""
+    limits = [(cfg.sft.max_length, f"sft.max_length={cfg.sft.max_length}")] if cfg.sft.max_length else []
+    positions = max_positions(model)
+    if positions is not None:
+        limits.append((positions, f"the model's {positions} positions"))
+    return min(limits) if limits else None
+
+
+def _encode(
+    dataset, sampler, count: int, processor, cfg: SFTConfig, balance: Balance, limit, skipped: dict
+) -> list[tuple[dict, list[int]]]:
     """This rank's ``count`` rows of the step (``draw_rows``: a bad row is skipped and
     another drawn in its place, rows dealt to ranks by their prompt tokens), each as its
-    encoded prompt (with media) and its target's token ids (+ end token)."""
+    encoded prompt (with media) and its target's token ids (+ end token). A row longer
+    than ``limit`` (``row_limit``) is skipped too, counted in ``skipped``."""
     tokenizer = processor.tokenizer
-    rows = []
-    for _, sample, inputs in draw_rows(dataset, sampler, count, processor, balance=balance):
+
+    def target_ids(sample: Sample) -> list[int]:
         target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
-        rows.append((inputs, tokenizer(target, add_special_tokens=False)["input_ids"]))
-    return rows
+        return tokenizer(target, add_special_tokens=False)["input_ids"]
+
+    def too_long(sample: Sample, inputs: dict) -> str | None:
+        tokens = inputs["input_ids"].shape[-1] + len(target_ids(sample))
+        if limit is None or tokens <= limit[0]:
+            return None
+        if not skipped["row_too_long"]:
+            _log.warning(
+                "row '%s': %d tokens with its target, over %s: skipped (counted in skipped/row_too_long)",
+                sample.id,
+                tokens,
+                limit[1],
+            )
+        skipped["row_too_long"] += 1
+        return f"rows over {limit[1]}"
+
+    drawn = draw_rows(dataset, sampler, count, processor, too_long, balance)
+    return [(inputs, target_ids(sample)) for _, sample, inputs in drawn]
 
 
 def _micro_batches(rows: list[tuple[dict, list[int]]], cfg: SFTConfig) -> list[list[int]]:
@@ -134,6 +168,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     model, processor, _ = setup_model(cfg, run)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
+    limit, skipped = row_limit(cfg, model), {"row_too_long": 0}
     log, bar = resume_steps(cfg, run, engine, sampler, "sft", heldout)
     row: dict = {}
     for step in bar:
@@ -141,7 +176,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
             balance = Balance(cfg.data.balance_tolerance)
-            encoded = _encode(dataset, sampler, rows, processor, cfg, balance)
+            encoded = _encode(dataset, sampler, rows, processor, cfg, balance, limit, skipped)
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
             # first with zero weight, so that sharded forwards stay in step
@@ -166,6 +201,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "loss/sft": loss,
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
+            "skipped/row_too_long": round(distributed.all_sum([float(skipped["row_too_long"])])[0]),
             **dataset.run_metrics(),
             **dataset.load_report(),
             **engine.metrics(),

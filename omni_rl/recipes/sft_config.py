@@ -19,6 +19,15 @@ class SFTSection:
 
     target_template: str = "<answer>{answer}</answer>"
     """The target completion, filled with the row's fields ({answer}, {solution}, ...)."""
+    max_length: int = 0
+    """The longest row trained, in tokens: its prompt (media tokens included) and its
+    target. A longer row is skipped, another drawn in its place, and counted in
+    ``skipped/row_too_long``; so is one over the model's positions
+    (``max_position_embeddings``) whatever this says. 0: the model's positions alone."""
+
+    def __post_init__(self):
+        if self.max_length < 0:
+            raise FieldError("max_length", "must be >= 0 (0: the model's positions)")
 
 
 @dataclass
