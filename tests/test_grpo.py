@@ -924,3 +924,21 @@ def test_kl_in_the_reward_covers_the_answers_overlong_masking_leaves_out_of_the_
     ((mask, completion, truncated),) = masks
     assert truncated.any()  # a tiny random model seldom stops within 3 tokens
     assert torch.equal(mask, completion.to(mask.dtype))
+
+
+def test_lora_adapters_are_drawn_from_the_run_seed_whatever_the_process(tmp_path, shapes):
+    """Each process seeds its own stream (run.seed + rank); LoRA's A matrices were drawn
+    from it, so under FSDP2 (which keeps each process's shard, broadcasting nothing) the
+    adapters started as a patchwork of the ranks' draws, unlike one process's."""
+    from omni_rl.engine import distributed
+    from omni_rl.recipes.common import Run, setup_model
+    from omni_rl.runtime import seed_everything
+
+    cfg = load_config(tiny_config(tmp_path, shapes, model={"lora": {"rank": 4, "alpha": 8}}))
+    run = Run(tmp_path / "run", distributed.ranks(), torch.device("cpu"), None)
+    adapters = []
+    for rank in (0, 1):
+        seed_everything(cfg.run.seed + rank)  # what start_run seeds on this rank
+        model, _, _ = setup_model(cfg, run)
+        adapters.append({k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k})
+    assert adapters[0] and all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])

@@ -198,7 +198,11 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     if lora is not None:
         from peft import get_peft_model
 
-        model = get_peft_model(model, lora.peft_config())
+        # the adapters' random start from the run's seed, not this process's stream
+        # (seed + rank): FSDP2 keeps each process's shard of them and broadcasts nothing
+        with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
+            torch.manual_seed(cfg.run.seed)
+            model = get_peft_model(model, lora.peft_config())
     if cfg.model.gradient_checkpointing:
         # non-reentrant: the shared-prefix forward reads the prompt's keys, recorded inside
         # checkpointed layers, from outside them (transformers >= 5.x names it activation
