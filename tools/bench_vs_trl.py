@@ -202,8 +202,8 @@ def omni_side(config, steps: int, baton: Baton, seconds: list[float], threads: l
 
     real = grpo.resume_steps
 
-    def paced(cfg, run, engine, sampler, desc):
-        log, bar = real(cfg, run, engine, sampler, desc)
+    def paced(*args, **kwargs):
+        log, bar = real(*args, **kwargs)
         bar.close()
         return log, PacedSteps(steps, baton, seconds, threads)
 
