@@ -634,7 +634,11 @@ def _data_convert(args: argparse.Namespace) -> int:
         "--config", metavar="FILE", help="the training config (its media section and data.columns make the keys match)"
     ),
     arg("--workers", type=int, default=None, help="processes (default: the number of cores)"),
-    arg("--strict", action="store_true", help="refuse rows with keys that look misspelt; exit 1 when any row fails"),
+    arg(
+        "--strict",
+        action="store_true",
+        help="refuse rows with keys that look misspelt; exit 1 when any row fails (without it: when every row does)",
+    ),
     arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
     overrides("--set media.fps=1"),
 )
@@ -650,10 +654,11 @@ def _preprocess(args: argparse.Namespace) -> int:
         print(f"failures: {args.cache}/failures.jsonl")
     if args.config is not None:
         _cache_model_inputs(args)
-    if args.strict and report.failed:
+    # without --strict a failed row is left out; when every row failed nothing is left
+    if report.failed and (args.strict or report.failed == report.rows):
         rows = "1 row" if report.failed == 1 else f"{report.failed} rows"
         why = f"{rows} failed (listed in {args.cache}/failures.jsonl), first: {report.failures[0]}"
-        print(f"preprocess: --strict: exit 1: {why}", file=sys.stderr)
+        print(f"preprocess: {'--strict' if args.strict else 'every row failed'}: exit 1: {why}", file=sys.stderr)
         return 1
     return 0
 

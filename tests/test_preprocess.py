@@ -391,11 +391,12 @@ def test_video_with_corrupt_bytes_in_the_middle_never_crashes(tmp_path):
         json.dumps({"id": "c", "problem": "p", "problem_type": "x", "answer": 1, "videos": ["corrupt.mp4"]}) + "\n"
     )
     cache_dir = tmp_path / "cache"
-    assert main(["preprocess", str(rows), "--cache", str(cache_dir), "--workers", "1"]) == 0
+    code = main(["preprocess", str(rows), "--cache", str(cache_dir), "--workers", "1"])
     failures = (cache_dir / "failures.jsonl").read_text().splitlines()
     cached = MediaCache(cache_dir).entry_keys()
-    # Either the decoder conceals the damage and the clip is cached whole, or the row fails cleanly.
-    assert len(failures) + len(cached) == 1
+    # Either the decoder conceals the damage and the clip is cached whole, or the row
+    # fails cleanly (the only row: preprocess exits 1)
+    assert len(failures) + len(cached) == 1 and code == len(failures)
     assert main(["cache", "verify", str(cache_dir)]) == 0
 
 
@@ -469,3 +470,15 @@ def test_the_cache_key_holds_the_qwen_vl_utils_limits_the_budgets_read(monkeypat
     monkeypatch.setattr(qvu, "IMAGE_MAX_TOKEN_NUM", qvu.IMAGE_MAX_TOKEN_NUM // 2)
     assert budgets.image.pixels() != image_pixels
     assert budgets.params_digest("image") != image
+
+
+def test_preprocess_exits_1_when_every_row_failed(tmp_path, capsys):
+    """Without --strict a failed row is listed and left out, and preprocess exits 0; when
+    every row failed (a wrong media root) nothing is cached, and it exits 1 saying so."""
+    data = tmp_path / "rows.jsonl"
+    rows = [{"id": f"r{i}", "problem": "<video>Where?", "answer": "A", "videos": [f"nope{i}.mp4"]} for i in (1, 2)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cache_dir = tmp_path / "cache"
+    assert main(["preprocess", str(data), "--cache", str(cache_dir), "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"preprocess: every row failed: exit 1: 2 rows failed (listed in {cache_dir / 'failures.jsonl'}), " in err
