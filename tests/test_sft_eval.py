@@ -288,38 +288,6 @@ def test_sft_keeps_no_full_vocabulary_logits_over_its_tokens():
     assert peaks["new", 1024] < 0.3 * peaks["old", 1024], peaks
 
 
-def test_a_resumed_run_drops_the_best_model_exported_after_its_checkpoint(tmp_path, shapes):
-    """A best model exported after the checkpoint a run resumes from came from steps it
-    trains again: it is removed and chosen again; one from before the checkpoint stays."""
-    overrides = [
-        f"data.train={shapes}",
-        f"run.output_dir={tmp_path}",
-        f"data.eval=[{{data: {shapes}, name: held, max_new_tokens: 4, limit: 2}}]",
-        "trainer.steps=2",
-        "trainer.save_every=1",
-        "trainer.eval_every=1",
-        "trainer.best_metric=eval/held/accuracy",
-        "data.prompts_per_step=4",
-        *MEDIA,
-    ]
-    cfg = load_config(None, overrides, recipe="sft")
-    sft.train(cfg)
-    best = tmp_path / "best" / "best.json"
-    checkpoint_1 = str(tmp_path / "checkpoints" / "step-00000001")
-
-    # the killed run's best, at step 2, scored what no evaluation reaches
-    best.write_text(json.dumps({"metric": "eval/held/accuracy", "value": 2.0, "step": 2}))
-    sft.train(cfg, resume=checkpoint_1)
-    kept = json.loads(best.read_text())
-    assert kept["step"] == 2 and kept["value"] <= 1.0
-    assert (tmp_path / "best" / "model" / "config.json").is_file()
-
-    # a best from before the checkpoint is on the resumed run's way: it stays
-    best.write_text(json.dumps({"metric": "eval/held/accuracy", "value": 2.0, "step": 1}))
-    sft.train(cfg, resume=checkpoint_1)
-    assert json.loads(best.read_text()) == {"metric": "eval/held/accuracy", "value": 2.0, "step": 1}
-
-
 def test_eval_and_curate_ask_as_the_configs_rollouts(tmp_path, shapes, tiny_checkpoint, monkeypatch):
     """With a GRPO ``--config``, eval and curate answer up to its rollout.max_new_tokens
     (not 64 tokens), sample K > 1 answers at its temperature, top_p and top_k, and score

@@ -377,3 +377,33 @@ def test_a_checkpoint_before_the_first_update_leaves_the_optimizer_as_it_was(tmp
         engine.backward(model(torch.ones(2, 4)).square().sum())
         engine.step()
     assert torch.equal(model.weight.detach() - before, plain)
+
+
+def test_a_resumed_run_drops_the_best_model_exported_after_its_checkpoint(tmp_path, shapes):
+    """The killed run exported a best model after the checkpoint the run resumes from:
+    its evaluation is trained again, so that best (and ``OUTPUT_DIR/model``'s target) is
+    removed and chosen again; a best from before the checkpoint stays."""
+    from types import SimpleNamespace
+
+    from omni_rl.engine import distributed
+    from omni_rl.recipes.common import Run, resume_steps
+
+    config = FlowPolicyConfig(horizon=2, executed=2, width=8)
+    policy = FlowPolicy(config, StateBackbone(config, obs_dim=4, action_dim=2))
+    engine = TrainingEngine(policy, AdamWConfig(lr=1e-3), torch.device("cpu"), total_steps=4)
+    sampler = SimpleNamespace(load_state_dict=lambda state: None)
+    heldout = _heldout(tmp_path, shapes)
+    heldout.keep_best({"eval/held/accuracy": 0.25}, 1, engine, None)
+    checkpoint.save(engine, tmp_path, 2, {"sampler": {}}, export=False)
+    run = Run(tmp_path, distributed.ranks(), torch.device("cpu"), tmp_path / "checkpoints" / "step-00000002")
+
+    resumed = _heldout(tmp_path, shapes)  # a best from before the checkpoint
+    resume_steps(resumed.cfg, run, engine, sampler, "sft", resumed)[0].close()
+    assert resumed.best == {"metric": "eval/held/accuracy", "value": 0.25, "step": 1}
+
+    heldout.keep_best({"eval/held/accuracy": 0.9}, 3, engine, None)  # the killed run's, after it
+    resumed = _heldout(tmp_path, shapes)
+    resume_steps(resumed.cfg, run, engine, sampler, "sft", resumed)[0].close()
+    assert resumed.best is None and not (tmp_path / "best").exists()
+    resumed.keep_best({"eval/held/accuracy": 0.5}, 3, engine, None)
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["value"] == 0.5
