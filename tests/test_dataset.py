@@ -383,3 +383,26 @@ def test_rows_listed_in_the_caches_failures_are_refused_at_load(tmp_path):
     assert "undecodable" in [r.id for r in MediaDataset(other, budgets, cache).rows]
     # no_cache reads no cache, nor its failures: the row fails when read, and is skipped then
     assert "undecodable" in [r.id for r in MediaDataset(path, budgets, cache, "no_cache").rows]
+
+
+def test_a_bad_row_found_on_two_ranks_counts_once(tmp_path, monkeypatch):
+    """Rows are dealt afresh every epoch, so a row one rank found bad can be read again
+    on another: ``skipped/bad_rows`` counts the rows, not the finds (two ranks, a row
+    found by both and one by rank 1: 2, where the ranks' counts sum to 3). The other
+    rank is stood in for by what the collectives return."""
+    from omni_rl.data import dataset as dataset_module
+    from omni_rl.errors import RowFailure
+    from omni_rl.preprocess.config import MediaConfig
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"id": f"bad-{i}", "problem": "Which way?", "problem_type": "free_form", "answer": "left"} for i in (0, 1)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    here = MediaDataset(data, Budgets.from_config(MediaConfig()), cache_mode="no_cache")
+    here.bad["bad-0"] = RowFailure("bad-0", str(data), "its clip does not decode")
+    other = {"bad-0": None, "bad-1": None}  # what the other rank found
+    distributed = dataset_module.distributed
+    monkeypatch.setattr(distributed, "gather_objects", lambda items: [*items, *other])
+    theirs = {"skipped/bad_rows": len(other)}  # the other rank's counters (its reads: none)
+    monkeypatch.setattr(distributed, "sum_counts", lambda counts: {k: v + theirs.get(k, 0) for k, v in counts.items()})
+    assert here.cache_metrics()["skipped/bad_rows"] == 1
+    assert here.run_metrics()["skipped/bad_rows"] == 2

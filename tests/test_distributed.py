@@ -908,36 +908,3 @@ def test_skipped_work_is_counted_over_every_rank(tmp_path):
         }
         dealt = {"skipped/prompt_too_long": 3, "skipped/groups_filtered": 1, "skipped/sampling_rounds": 3}
         assert result["dealt"] == dealt
-
-
-BAD_ROWS_ON_RANKS = """
-import json, sys
-from pathlib import Path
-from omni_rl.data.dataset import MediaDataset
-from omni_rl.engine import distributed
-from omni_rl.errors import RowFailure
-from omni_rl.preprocess.config import MediaConfig
-from omni_rl.preprocess.pipeline import Budgets
-
-ranks = distributed.init("cpu")
-dataset = MediaDataset(sys.argv[1], Budgets.from_config(MediaConfig()), cache_mode="no_cache")
-# row 0 was dealt to both ranks (in two epochs) and found bad by each; row 1 by rank 1 only
-found = ["bad-0"] if ranks.rank == 0 else ["bad-0", "bad-1"]
-for row_id in found:
-    dataset.bad[row_id] = RowFailure(row_id, sys.argv[1], "its clip does not decode")
-result = {"own": dataset.cache_metrics()["skipped/bad_rows"], "run": dataset.run_metrics()["skipped/bad_rows"]}
-Path(sys.argv[2], f"rank{ranks.rank}.json").write_text(json.dumps(result))
-distributed.shutdown()
-"""
-
-
-def test_a_bad_row_found_on_two_ranks_counts_once(tmp_path):
-    """Rows are dealt afresh every epoch, so a row one rank found bad can be read again
-    on another; ``skipped/bad_rows`` (metrics and summary) counts the rows, not the finds."""
-    data = tmp_path / "rows.jsonl"
-    rows = [{"id": f"bad-{i}", "problem": "Which way?", "problem_type": "free_form", "answer": "left"} for i in (0, 1)]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    on_two_ranks(tmp_path, BAD_ROWS_ON_RANKS, str(data), str(tmp_path))
-    got = rank_results(tmp_path)
-    assert [r["own"] for r in got] == [1, 2]
-    assert [r["run"] for r in got] == [2, 2]  # summed over ranks it read 3
