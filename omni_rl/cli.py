@@ -379,7 +379,7 @@ def _eval(args: argparse.Namespace) -> int:
     # a GRPO config: answers as long as its rollouts', sampled (K > 1) as they are
     sampling = SamplingParams(max_new_tokens=64)
     if rollout is not None:
-        sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens)
+        sampling = SamplingParams.of(rollout)
     set_threads(run.threads)
     device = resolve_device(run.device)
     model, processor = load(args.model, device=device, dtype=resolve_dtype("auto", device))

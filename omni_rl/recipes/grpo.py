@@ -438,7 +438,7 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         return _serve_rollouts(cfg, run)
     load_plugins(cfg.rewards.custom)
     dataset, sampler = setup_data(cfg, run.device)  # every row checked before the model is built
-    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    sampling = SamplingParams.of(cfg.rollout)
     heldout = HeldOut.for_run(cfg, run.out, cfg.rewards.settings(), sampling, model_inputs(cfg, run.device))
     model, processor, reference = setup_model(cfg, run, with_reference=cfg.algorithm.kl_coef > 0)
     total = cfg.trainer.steps * _updates_per_step(cfg)
@@ -628,7 +628,7 @@ def _serve_rollouts(cfg: GRPOConfig, run) -> dict:
     dtype = _sampling_dtype(resolve_precision(cfg.trainer.precision, run.device))
     cast_weights(model, dtype)
     rollout = build_rollout_engine(cfg, model, processor, model_dir(cfg, run.out), run.out)
-    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.rollout.max_new_tokens)
+    sampling = SamplingParams.of(cfg.rollout)
     remote.receive_weights(model, 0, dtype)
     version, every = start["step"], cfg.trainer.save_every
     _log.info("rollout process %d: generating steps %d-%d", trainers, start["step"] + 1, cfg.trainer.steps)

@@ -57,6 +57,11 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
 
+    @classmethod
+    def of(cls, rollout) -> SamplingParams:
+        """How a ``rollout`` config section samples."""
+        return cls(rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens)
+
 
 @dataclass
 class Rollouts:
