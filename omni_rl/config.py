@@ -190,6 +190,18 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None
 
 
+def _refuse_keys(cls: type, value: dict, where: str) -> None:
+    """The keys of a raw section that its class refuses (``REFUSED_KEYS``: dotted key ->
+    why), checked before its subsections are built, so that no subsection's own check
+    answers first with a reason that does not apply."""
+    for dotted, why in getattr(cls, "REFUSED_KEYS", {}).items():
+        node = value
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            raise ConfigError(f"{where + '.' if where else ''}{dotted}: {why}")
+
+
 def _build(cls: type, value: Any, where: str, default: Any = None) -> Any:
     """An instance of dataclass ``cls`` from the mapping ``value``; keys it leaves out
     come from ``default`` when that is a ``cls``, else from the class's defaults."""
@@ -199,6 +211,7 @@ def _build(cls: type, value: Any, where: str, default: Any = None) -> Any:
         value = {}
     if not isinstance(value, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {_describe(value)}")
+    _refuse_keys(cls, value, where)
     if type(default) is not cls:
         default = None
     hints = typing.get_type_hints(cls)

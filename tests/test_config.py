@@ -263,6 +263,16 @@ def test_quickstart_composes_the_recipes_configs():
         load_config(None, ["sft.data.train=x.jsonl"], recipe="quickstart")
 
 
+@pytest.mark.parametrize("recipe", ["quickstart", "quickstart_audio"])
+@pytest.mark.parametrize("phase", ["sft", "grpo"])
+def test_quickstart_refuses_a_best_model_chosen_on_its_held_out_set(recipe, phase):
+    """The quickstarts' only evaluation set is the held-out set they report: a model
+    chosen on it would inflate that figure, so the field is refused with that reason
+    (not with the recipe's "names no eval set", which its section would raise)."""
+    with pytest.raises(ConfigError, match=rf"{phase}\.trainer\.best_metric: .*held-out set the quickstart reports"):
+        load_config(None, [f"{phase}.trainer.best_metric=eval/heldout/accuracy"], recipe=recipe)
+
+
 def test_the_four_kind_quickstart_config_is_the_former_default():
     """configs/quickstart_four_kinds.yaml, which the earlier quickstart results ran:
     the four two-option kinds, 100 cold-start steps on a quarter of the clips without

@@ -5,10 +5,11 @@ configs, which it fills with what it generates and runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from omni_rl.config import require
 from omni_rl.data.config import DataConfig
-from omni_rl.demos.quickstart_config import FILLED, QuickstartModel, require_unfilled
+from omni_rl.demos.quickstart_config import FILLED, REFUSED_KEYS, QuickstartModel, require_unfilled
 from omni_rl.engine.config import AdamWConfig, TrainerConfig
 from omni_rl.preprocess.config import MediaConfig
 from omni_rl.recipes.grpo_config import AlgorithmConfig, GRPOConfig
@@ -101,6 +102,7 @@ class AudioQuickstartConfig:
     grpo: GRPOConfig = field(default_factory=audio_grpo)
     """The RL phase: a GRPO recipe config, filled like ``sft`` (model.path: the SFT
     checkpoint)."""
+    REFUSED_KEYS: ClassVar[dict[str, str]] = REFUSED_KEYS
 
     def __post_init__(self):
         from omni_rl.models.families import FAMILIES

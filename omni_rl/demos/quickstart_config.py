@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from omni_rl.config import require
 from omni_rl.data.config import DataConfig
@@ -172,6 +173,14 @@ def quickstart_grpo() -> GRPOConfig:
     )
 
 
+# the quickstart's one evaluation set is its held-out set
+REFUSED_KEYS = {
+    f"{phase}.trainer.best_metric": "the only evaluation set is the held-out set the quickstart reports, "
+    "and a model chosen on it would inflate that figure"
+    for phase in ("sft", "grpo")
+}
+
+
 def _dotted_get(obj, dotted: str):
     for name in dotted.split("."):
         obj = getattr(obj, name)
@@ -217,6 +226,7 @@ class QuickstartConfig:
     grpo: GRPOConfig = field(default_factory=quickstart_grpo)
     """The RL phase: a GRPO recipe config, filled like ``sft`` (model.path: the SFT
     checkpoint)."""
+    REFUSED_KEYS: ClassVar[dict[str, str]] = REFUSED_KEYS
 
     def __post_init__(self):
         require_unfilled(self, {"sft": quickstart_sft(), "grpo": quickstart_grpo()}, FILLED)
