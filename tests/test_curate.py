@@ -96,13 +96,13 @@ def test_difficulty_drops_a_row_whose_answers_all_score_alike():
     row = Row("t", "When?", "temporal_grounding", [0, 10], fields=fields)
     same = {"t": ["<answer>0 to 5</answer>"] * 4}  # IoU 0.5 each
     spread = {"t": ["<answer>0 to 10</answer>", "<answer>20 to 30</answer>"] * 2}  # IoU 1 and 0
-    (flat,) = curate.pass_records([row], same, None, {})
-    (varied,) = curate.pass_records([row], spread, None, {})
+    (flat,) = curate.pass_records([row], same, {"t": fields}, None, {})
+    (varied,) = curate.pass_records([row], spread, {"t": fields}, None, {})
     assert (flat["pass_rate"], flat["alike"]) == (0.5, True)
     assert (varied["pass_rate"], varied["alike"]) == (0.5, False)
     assert curate.Difficulty().drops(flat) and not curate.Difficulty().drops(varied)
     assert not curate.TextOnly(0.875).drops(flat)
-    (single,) = curate.pass_records([row], {"t": same["t"][:1]}, None, {})
+    (single,) = curate.pass_records([row], {"t": same["t"][:1]}, {"t": fields}, None, {})
     assert not single["alike"]  # one answer is no group
 
 

@@ -278,6 +278,27 @@ def test_image_rows_carry_the_recorded_sizes_for_box_scoring(tmp_path):
     assert result.accuracy == pytest.approx(1.0)
 
 
+def test_evaluation_scores_boxes_with_the_sizes_training_scores_them_with(tmp_path, monkeypatch):
+    """A box in another space than the gold's converts through the image's recorded
+    sizes, which the dataset adds to a sample, not to its row: evaluation scores each
+    answer with its sample's fields (it read 0, a conversion error, where training 1)."""
+    from omni_rl.evaluation import pipeline
+
+    write_image(tmp_path / "i.png", np.zeros((100, 200, 3), dtype=np.uint8))
+    path = tmp_path / "d.jsonl"
+    row = {"id": "box", "problem": "Where?", "problem_type": "spatial_grounding", "answer": [0, 0, 100, 50]}
+    path.write_text(json.dumps({**row, "images": ["i.png"], "box_space": "pixel", "prediction_space": "resized"}))
+
+    def answer_rows(model, processor, dataset, sampling, samples, indices, *rest):
+        # the top-left quarter, in the resized image's pixels: the gold box
+        answered = [(dataset[i], dataset[i].fields["resized_size"]) for i in indices]
+        return [(sample, [f"<answer>[0, 0, {w / 2}, {h / 2}]</answer>"]) for sample, (h, w) in answered], []
+
+    monkeypatch.setattr(pipeline, "answer_rows", answer_rows)
+    summary = pipeline.evaluate_rows(None, None, MediaDataset(path, small_budgets("qwen2_5_vl")), progress=False)
+    assert summary["row_accuracy"] == {"box": pytest.approx(1.0)}
+
+
 def test_a_row_can_ask_for_its_videos_audio_track(tmp_path):
     frames = np.stack([np.full((64, 64, 3), i * 20, np.uint8) for i in range(10)])
     write_video(tmp_path / "av.mp4", frames, 10, audio=tone(1.0))

@@ -91,8 +91,14 @@ def my_share(dataset: MediaDataset) -> list[int]:
     return list(range(where.rank, len(dataset), where.world_size))
 
 
-def gathered(answered: list[tuple[Sample, list[str]]], failures: list[RowFailure]) -> tuple[dict, list[RowFailure]]:
-    """Every rank's answers as {row id: completions} and every rank's failures (the
-    samples' decoded media stay on their rank)."""
-    answers = distributed.gather_objects([(sample.id, texts) for sample, texts in answered])
-    return dict(answers), distributed.gather_objects(failures)
+def gathered(
+    answered: list[tuple[Sample, list[str]]], failures: list[RowFailure]
+) -> tuple[dict, dict, list[RowFailure]]:
+    """Every rank's answers as {row id: completions}, the fields each answered row is
+    scored with ({row id: its sample's fields}: the row's, and what its media added,
+    such as the image sizes a box converts with, as in training), and every rank's
+    failures (the samples' decoded media stay on their rank)."""
+    everyone = distributed.gather_objects([(sample.id, texts, sample.fields) for sample, texts in answered])
+    answers = {row_id: texts for row_id, texts, _ in everyone}
+    fields = {row_id: row_fields for row_id, _, row_fields in everyone}
+    return answers, fields, distributed.gather_objects(failures)

@@ -349,9 +349,9 @@ def curate(
         answered, failures = answer_rows(
             model, processor, dataset, sampling, asking.samples, mine, asking.batch_prompts, False, engine, seed
         )
-        answers, _ = gathered(answered, failures)
+        answers, fields, _ = gathered(answered, failures)
         asked = [dataset.rows[i] for i in chunk if dataset.rows[i].id in answers]
-        records = pass_records(asked, answers, settings, key)
+        records = pass_records(asked, answers, fields, settings, key)
         if where.is_main:
             with (out / PASSES).open("a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in records))
@@ -365,10 +365,13 @@ def curate(
     return result
 
 
-def pass_records(rows: list[Row], answers: dict[str, list[str]], settings, key: dict) -> list[dict]:
+def pass_records(
+    rows: list[Row], answers: dict[str, list[str]], fields: dict[str, dict], settings, key: dict
+) -> list[dict]:
     """A progress record of each answered row: its id, its pass rate (the mean accuracy
     of its answers: the share right where accuracy is 0 or 1), whether every answer
-    scored alike (of two or more), its answers, and ``key`` (what asked it)."""
+    scored alike (of two or more), its answers, and ``key`` (what asked it). Scored
+    with ``fields`` (``row_accuracies``)."""
     return [
         {
             "id": row.id,
@@ -377,7 +380,7 @@ def pass_records(rows: list[Row], answers: dict[str, list[str]], settings, key: 
             "answers": answers[row.id],
             **key,
         }
-        for row, scores in row_accuracies(rows, answers, settings)
+        for row, scores in row_accuracies(rows, answers, fields, settings)
     ]
 
 

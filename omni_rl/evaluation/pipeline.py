@@ -44,8 +44,8 @@ def evaluate_rows(
     answered, failures = answer_rows(
         model, processor, dataset, sampling, samples, my_share(dataset), batch_prompts, progress
     )
-    answers, failures = gathered(answered, failures)
-    scored = score_rows(dataset.rows, answers, settings)
+    answers, fields, failures = gathered(answered, failures)
+    scored = score_rows(dataset.rows, answers, fields, settings)
     ids = [row.id for row in dataset.rows if row.id in answers]  # score_rows' order
     # rows read = scored + refused when the dataset loaded + skipped while reading media
     return {
@@ -68,7 +68,8 @@ def answer_benchmark(
     answered, failures = answer_rows(
         model, processor, dataset, sampling, protocol.samples, my_share(dataset), batch_prompts, progress
     )
-    return gathered(answered, failures)
+    answers, _, failures = gathered(answered, failures)
+    return answers, failures
 
 
 def evaluate_benchmark(

@@ -10,17 +10,18 @@ from omni_rl.rewards import RewardSettings, Target, score_batch
 
 
 def row_accuracies(
-    rows: list[Row], answers: dict[str, list[str]], settings: RewardSettings | None = None
+    rows: list[Row], answers: dict[str, list[str]], fields: dict[str, dict], settings: RewardSettings | None = None
 ) -> list[tuple[Row, list[float]]]:
     """Each of ``rows`` answered in ``answers`` ({row id: completions}), in the rows'
-    order, with its completions' accuracies. ``settings``: the run's reward settings
-    (None: the defaults)."""
+    order, with its completions' accuracies, scored with ``fields`` ({row id: the
+    fields its sample was asked with}, ``answer.gathered``'s). ``settings``: the run's
+    reward settings (None: the defaults)."""
     answered = [row for row in rows if row.id in answers]
     flat = [(row, text) for row in answered for text in answers[row.id]]
     results = score_batch(
         [row.problem_type for row, _ in flat],
         [text for _, text in flat],
-        [Target(row.answer, row.fields.get("options"), row.fields) for row, _ in flat],
+        [Target(row.answer, row.fields.get("options"), fields[row.id]) for row, _ in flat],
         settings,
     )
     scores: dict[str, list[float]] = {}
@@ -30,14 +31,15 @@ def row_accuracies(
 
 
 def score_rows(
-    rows: list[Row], answers: dict[str, list[str]], settings: RewardSettings | None = None
+    rows: list[Row], answers: dict[str, list[str]], fields: dict[str, dict], settings: RewardSettings | None = None
 ) -> list[tuple[str, str, float, float]]:
     """``(problem type, data source, best accuracy, mean accuracy)`` of each of ``rows``
     answered in ``answers`` ({row id: completions}), in the rows' order: its best
-    completion's accuracy and the mean over its completions (``row_accuracies``)."""
+    completion's accuracy and the mean over its completions (``row_accuracies``, with
+    ``fields``)."""
     return [
         (row.problem_type, row.fields.get("data_source") or "unknown", max(s), sum(s) / len(s))
-        for row, s in row_accuracies(rows, answers, settings)
+        for row, s in row_accuracies(rows, answers, fields, settings)
     ]
 
 
