@@ -155,7 +155,7 @@ def frame_rate(times: Sequence[float], fps: float) -> float:
     t = np.asarray(times, dtype=np.float64) - times[0]
     if np.all(np.abs(t - np.arange(len(t)) / fps) < 0.5 / fps):
         return fps
-    return (len(t) - 1) / t[-1]
+    return float((len(t) - 1) / t[-1])  # a Python float, as a cached entry reads back
 
 
 def frames_at(times: Sequence[float], grid: list[int], fps: float) -> list[int]:

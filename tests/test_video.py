@@ -157,6 +157,9 @@ def test_a_variable_frame_rate_is_sampled_evenly_in_time(tmp_path, backend, suff
     assert clip.backend == backend and clip.total_frames == 40
     # the rate the processors are told is the frames' own over their span, whatever the container says
     assert clip.fps == pytest.approx(39 / 2.8, rel=1e-6)
+    # a Python float, as a cached entry's fps reads back: the processors make the frames'
+    # second_per_grid_ts of it, float64 from numpy's (a temporal position moved by one)
+    assert type(clip.fps) is float and type(clip.sampled_fps) is float
     assert clip.indices == [0, 8, 16, 23, 31, 39]
     # index i stands for i / fps: 0, 0.574, 1.149, 1.651, 2.226, 2.8 s; the frames shown
     # nearest are those at 0, 0.567, 1.2, 1.6, 2.2 and 2.8 s (decode order: 0.267 s for 8)
