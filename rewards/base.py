@@ -214,7 +214,13 @@ def extract_answer(response: str) -> tuple[str | None, str]:
 
 
 def template_ok(response: str, template: str) -> bool:
-    """Whether the whole response follows the template, each tag exactly once."""
+    """Whether the whole response follows the template, each tag exactly once. Under
+    ``think_answer`` a response whose first think tag is ``</think>`` closes a block the
+    prompt opened (Qwen3's thinking chat templates), and follows it as the block and
+    the rest would."""
+    first = THINK_TAGS.search(response)
+    if template == "think_answer" and first is not None and first.group(1):
+        response = "<think>" + response
     return TEMPLATES[template].fullmatch(response) is not None
 
 

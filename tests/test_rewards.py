@@ -87,6 +87,26 @@ def test_require_template_rewards_accuracy_only_in_finished_responses():
         assert lenient.score == pytest.approx(0.9 + 0.1 * 0.5), response
 
 
+def test_a_think_block_the_prompt_opened_follows_the_template():
+    """Qwen3's thinking chat templates end the prompt with ``<think>``: the completion
+    starts inside the block and closes it. It follows think_answer as a whole response
+    would (before, no such completion could: under require_template a right and a wrong
+    answer scored alike, 0.05, and GRPO's advantages were 0)."""
+    strict = RewardSettings(require_template=True)
+    right = score(
+        "multiple_choice", "reasoning\n</think>\n\n<answer>B</answer>", "B", options=["x", "y"], settings=strict
+    )
+    wrong = score(
+        "multiple_choice", "reasoning\n</think>\n\n<answer>A</answer>", "B", options=["x", "y"], settings=strict
+    )
+    assert (right.accuracy, right.format, right.score) == (1.0, 1.0, pytest.approx(1.0))
+    assert (wrong.accuracy, wrong.format, wrong.score) == (0.0, 1.0, pytest.approx(0.1))
+    # only a block the prompt opened: a second block, or tags out of order, still do not
+    for response in ("a</think><think>b</think><answer>B</answer>", "</think></think><answer>B</answer>"):
+        assert score("multiple_choice", response, "B", options=["x", "y"]).format == 0.5, response
+    assert score("multiple_choice", "</think><answer>B</answer>", "B", options=["x", "y"]).format == 1.0
+
+
 @pytest.mark.parametrize("problem_type", TYPES)
 def test_an_empty_answer_never_earns_accuracy(problem_type):
     answers = {
