@@ -10,8 +10,10 @@ How an answer names an option (``parse_choice``), in the order tried:
    when that still names one option ("J. D. Salinger"), symbols never ("C#" is not "C");
 3. a letter leading the answer, then its option's text or an explanation: "B. A dog
    jumps into the pool.", "(B) C major", "B, because ...", "B" and a new line,
-   "B is the correct answer.". Refused when what follows is another option's text,
-   lists other options ("A. left B. right", "A, B") or states another letter;
+   "B is the correct answer.", "C (up)" (its own text in the brackets). Refused when
+   what follows is another option's text, lists other options ("A. left B. right",
+   "A, B"), states another letter, or denies it ("A is incorrect", "D) down is
+   wrong": then rule 4 reads the rest, "A is incorrect; the answer is B");
 4. one letter stated as the answer anywhere: "..., so the answer is C", "the best
    option is (C)", "The answer is \"C\".", "Answer:" and C on the next line, "I think
    it's B.", "I'd go with C", "C is correct", "Therefore, C.",
@@ -52,12 +54,20 @@ SHORT = re.compile(
     re.IGNORECASE,
 )
 # a letter leading a longer answer: "(B) ...", "B. ...", "B: ...", "B\n...", "B, ...",
-# "B - ...", "B is ...", "B because ..."; a leading "I" is a pronoun unless labelled
+# "B - ...", "B is ...", "B because ...", "B (its text)"; a leading "I" is a pronoun
+# unless labelled
 CONTINUATION = ("is", "was", "because", "since", "as", "would", "should", "seems", "appears", "looks")
 LEAD = re.compile(
     r"[(\[] ?([A-J]) ?[)\]] ?[.:：]?"
     r"|([A-J]) ?[.):：]"
     r"|([A-HJ])(?=\n| ?,| [-–—] | (?:" + "|".join(CONTINUATION) + r")\b)"
+    r"|([A-HJ]) (?=[(\[])"
+)
+# what denies a leading letter (and its option's text): "A is incorrect", "D) down is wrong"
+DENIED = re.compile(
+    r" ?(?:(?:is|was|seems|appears|looks|would be)(?: to be)? (?:not|incorrect|wrong|false|unlikely|impossible)"
+    r"|isn't|isn’t|wasn't|wasn’t)\b",
+    re.IGNORECASE,
 )
 # what may follow a leading letter and makes it a list: "A, B", "A/B", "(A)(B)", "A or B"
 LIST_START = re.compile(r" ?(?:(?:or|and|&|/|,) ?)?[(\[]?([A-J])[)\]]? ?(?:$|[,/&;(\[]|(?:or|and)\b)")
@@ -277,6 +287,17 @@ def _lead(index: int, rest: str, choices: Choices) -> int | None:
     return index
 
 
+def _denied(index: int, rest: str, choices: Choices) -> bool:
+    """Whether ``rest``, what follows a leading letter ``index`` (and perhaps its
+    option's text), denies it: "A is incorrect", "D) down is wrong"."""
+    rest = rest.lstrip(" \n")
+    if index < len(choices) and choices.keys[index]:
+        own, low = _clean(choices.texts[index]).lower(), rest.lower()
+        if len(low) == len(rest) and low.startswith(own):
+            rest = rest[len(own) :]
+    return DENIED.match(rest) is not None
+
+
 def _opening_option(text: str, choices: Choices) -> tuple[int, str] | None:
     """(the option, the rest) when the answer opens with the whole text of an option
     that itself looks labelled ("B:maj7/1 is the chord" among "B:maj7/1", "A#:hdim7")."""
@@ -304,9 +325,16 @@ def _choice_index(text: str, choices: Choices) -> int | None:
         return named
     if m := LEAD.match(text):
         opening = _opening_option(text, choices)
-        index, rest = opening or (_letter_index(m.group(1) or m.group(2) or m.group(3)), text[m.end() :])
+        letter = m.group(1) or m.group(2) or m.group(3) or m.group(4)
+        index, rest = opening or (_letter_index(letter), text[m.end() :])
         if index < (len(choices) or len(LETTERS)):
-            return _lead(index, rest, choices)
+            if opening is None and m.group(4):  # "C (up)": the brackets hold its option's text
+                named = choices.named(rest)
+                if named is not None and choices.same(named, index):
+                    return index
+            elif not _denied(index, rest, choices):
+                return _lead(index, rest, choices)
+    # no leading letter, or one denied ("A is incorrect; the answer is B")
     stated, listed = _stated(text, choices)
     return stated.pop() if len(stated) == 1 and not listed else None
 
@@ -372,17 +400,17 @@ def gold_text(target: Target) -> str:
 def parse_choice_text(prediction: str, options: list[str]) -> str | None:
     """The option a prediction names by its text, or None: the text alone, the text
     after its own label ("B. Woman"; another option's label is a contradiction), or
-    the text after an answer phrase ("The answer is Woman."). A letter alone is not
-    an answer."""
+    the text after an answer phrase ("The answer is Woman."; not "The answer is Man or
+    Woman."). A letter alone is not an answer."""
     choices = Choices.of(options)
     text = _clean(prediction)
     index = choices.named(text)
-    if index is None and (m := LEAD.match(text)) and not m.group(3):
+    if index is None and (m := LEAD.match(text)) and (m.group(1) or m.group(2)):
         label, named = _letter_index(m.group(1) or m.group(2)), choices.named(text[m.end() :])
         index = named if named is not None and choices.same(named, label) else None
     if index is None and not LONE.fullmatch(text):
-        stated, _ = _stated(text, choices, letters=False)
-        index = stated.pop() if len(stated) == 1 else None
+        stated, listed = _stated(text, choices, letters=False)
+        index = stated.pop() if len(stated) == 1 and not listed else None
     return None if index is None else choices.texts[index]
 
 
@@ -442,6 +470,8 @@ FALSE = {"no", "n", "false", "f", "0", "incorrect", "wrong", "nope", "negative",
 
 
 STRONG = {"yes": True, "true": True, "no": False, "false": False}
+# two answers joined: "yes or no", "true and false"
+JOINED = re.compile(r"\b(yes|no|true|false) (?:and|or|nor|but|then) (yes|no|true|false)\b")
 # a leading "no" that is no answer: "no idea", "No clue.", "no way to tell"
 NO_HEDGE = re.compile(r"no (?:idea|clue|way (?:to|of)|one knows|comment)\b")
 # an answer label, read after punctuation is dropped: "Correct answer: no", "The answer
@@ -449,10 +479,21 @@ NO_HEDGE = re.compile(r"no (?:idea|clue|way (?:to|of)|one knows|comment)\b")
 ANSWER_LABEL = re.compile(r"(?:(?:the|my) )?(?:(?:correct|final|best|right) )?answer(?: is)?(?: |$)")
 
 
+def _both(norm: str) -> bool:
+    """Whether ``norm`` (normalized) answers both ways: the two joined ("yes or no") or
+    alone ("Yes/No"); not a clause after a leading answer ("No, that's not true",
+    "Yes, there is no doubt")."""
+    words = norm.split()
+    if words and all(w in STRONG for w in words):
+        return len({STRONG[w] for w in words}) > 1
+    return any(STRONG[m.group(1)] != STRONG[m.group(2)] for m in JOINED.finditer(norm))
+
+
 def parse_bool(text) -> bool | None:
     """yes/no, true/false, 1/0 and their common forms, alone or leading a sentence
-    ("Yes, it is."), or after an answer label ("Correct answer: no"); a hedge naming
-    both ("yes and no") or opening with "no" ("no idea") is no answer."""
+    ("Yes, it is.", "No, that's not true."), or after an answer label ("Correct answer:
+    no"); a hedge naming both ("yes and no", "Yes/No") or opening with "no" ("no
+    idea") is no answer."""
     if isinstance(text, bool):
         return text
     norm = normalize_text(str(text))
@@ -462,7 +503,7 @@ def parse_bool(text) -> bool | None:
         return True
     if norm in FALSE:
         return False
-    if len({STRONG[w] for w in norm.split() if w in STRONG}) > 1 or NO_HEDGE.match(norm):
+    if _both(norm) or NO_HEDGE.match(norm):
         return None
     first = norm.split(" ", 1)[0] if norm else ""
     if first in TRUE - {"1", "t", "y"}:
