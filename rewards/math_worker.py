@@ -1,14 +1,16 @@
 """The math-verify worker process: ``python -m omni_rl.rewards.math_worker``.
 
 Reads JSON lines ``{"gold", "prediction"}`` on stdin and answers each with
-``{"gold_ok", "correct"}`` or ``{"error"}`` on stdout. It runs math-verify in its main
-thread, where math-verify's SIGALRM timeouts work; the parent enforces a hard limit.
+``{"gold_ok", "correct"}`` or ``{"error"}`` on stdout (an error too where math-verify
+timed out and found no match). It runs math-verify in its main thread, where
+math-verify's SIGALRM timeouts work; the parent enforces a hard limit.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import sys
 
@@ -17,16 +19,48 @@ PROSE = re.compile(r"[A-Za-z]{3,}")
 INNER_TIMEOUT = 1  # seconds, math-verify's parse and verify limits (whole seconds)
 
 
+class GaveUp(logging.Handler):
+    """Counts math-verify's timeouts: it logs each one as a warning and answers as if
+    nothing parsed or matched, which a caller could not tell from a wrong answer."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += record.getMessage().startswith("Timeout")
+
+
+GAVE_UP = GaveUp()
+logging.getLogger("math_verify").addHandler(GAVE_UP)
+
+
 def _found_expression(parsed) -> bool:
     """Whether a math-verify reading holds an expression: it falls back to the raw
     string alone when it finds none."""
     return any(not isinstance(item, str) for item in parsed)
 
 
-@functools.lru_cache(maxsize=8192)
 def _parse(text: str) -> tuple:
-    """math-verify's reading of ``text``; cached, since a gold answer is checked against
-    a whole group of completions."""
+    """math-verify's reading of ``text``, and a timeout counted in ``GAVE_UP`` each time
+    (the reading is cached: a gold answer is checked against a whole group)."""
+    parsed, timed_out = _reading(text)
+    GAVE_UP.count += timed_out
+    return parsed
+
+
+@functools.lru_cache(maxsize=8192)
+def _reading(text: str) -> tuple[tuple, bool]:
+    """(math-verify's reading of ``text``, whether it timed out)."""
+    before = GAVE_UP.count
+    parsed = _read(text)
+    timed_out = GAVE_UP.count > before
+    GAVE_UP.count = before
+    return parsed, timed_out
+
+
+def _read(text: str) -> tuple:
+    """math-verify's reading of ``text``, in math mode first where it looks like math."""
     from math_verify import parse
 
     # An extracted answer is usually bare LaTeX ("2\\pi", "x^2+1"): read it in math mode
@@ -60,8 +94,11 @@ def _serve(stdin, stdout) -> None:
     for line in stdin:
         try:
             job = json.loads(line)
+            GAVE_UP.count = 0
             gold_ok, correct = _check(job["gold"], job["prediction"])
             reply = {"gold_ok": gold_ok, "correct": correct}
+            if GAVE_UP.count and not correct:
+                reply = {"error": f"math-verify timed out ({INNER_TIMEOUT} s limit)"}
         except Exception as err:  # noqa: BLE001 - report, keep serving
             reply = {"error": f"{type(err).__name__}: {err}"[:300]}
         stdout.write(json.dumps(reply) + "\n")

@@ -215,6 +215,12 @@ def test_math_is_bounded_by_its_timeout():
     again = score("math", "<answer>9^{9^{9^{9}}}</answer>", "2")
     assert time.perf_counter() - started < 2.5
     assert result.accuracy == again.accuracy == 0.0
+    # a check math-verify gave up on is an error, counted in reward/scorer_errors, not a
+    # silent wrong answer (this one equals 2, and takes sympy past the limit)
+    slow = score("math", "<answer>\\sum_{n=1}^{10^{9}} 1/n^2 - \\sum_{n=1}^{10^{9}} 1/n^2 + 2</answer>", "2")
+    assert slow.accuracy == 0.0
+    for checked in (again, slow):
+        assert "timed out" in checked.details.get("error", ""), checked.details
 
 
 def test_math_verify_gets_the_gold_answer_first(monkeypatch):
