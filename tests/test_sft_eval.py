@@ -352,3 +352,20 @@ def test_sft_skips_and_counts_rows_longer_than_its_limit(tmp_path, shapes):
         sft.train(cfg)
     cfg = load_config(None, [*common, f"run.output_dir={tmp_path / 'long'}", "sft.max_length=100000"], recipe="sft")
     assert sft.train(cfg)["skipped/row_too_long"] == 0
+
+
+def test_sft_counts_rows_too_long_per_step(tmp_path, shapes, monkeypatch):
+    """``skipped/row_too_long`` is the step's count, as GRPO's ``prompt_too_long`` is
+    (it was the run's running total)."""
+    real = sft._encode
+
+    def skipping_two(dataset, sampler, count, processor, cfg, balance, limit, skipped):
+        skipped["row_too_long"] += 2  # as if two rows were over the limit this step
+        return real(dataset, sampler, count, processor, cfg, balance, limit, skipped)
+
+    monkeypatch.setattr(sft, "_encode", skipping_two)
+    out = tmp_path / "run"
+    common = [f"data.train={shapes}", "trainer.steps=3", "data.prompts_per_step=2", *MEDIA]
+    sft.train(load_config(None, [*common, f"run.output_dir={out}"], recipe="sft"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["skipped/row_too_long"] for row in rows if "skipped/row_too_long" in row] == [2, 2, 2]

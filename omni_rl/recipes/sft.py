@@ -168,14 +168,14 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
     model, processor, _ = setup_model(cfg, run)
     engine = TrainingEngine.from_config(model, cfg.trainer, cfg.optimizer, run.device, cfg.trainer.steps)
     rows = per_rank(cfg.data.prompts_per_step, run.ranks, "data.prompts_per_step")
-    limit, skipped = row_limit(cfg, model), {"row_too_long": 0}
+    limit, skipped = row_limit(cfg, model), {"row_too_long": 0}  # since the run started; logged per step
     log, bar = resume_steps(cfg, run, engine, sampler, "sft", heldout)
     row: dict = {}
     for step in bar:
         timer = Timer()
         # DATA: this rank's share of the step's rows, with media; targets rendered from the rows
         with timer("data"):
-            balance = Balance(cfg.data.balance_tolerance)
+            balance, before = Balance(cfg.data.balance_tolerance), skipped["row_too_long"]
             encoded = _encode(dataset, sampler, rows, processor, cfg, balance, limit, skipped)
             plan = _micro_batches(encoded, cfg)
             # packed by length, ranks may differ in forwards: the short ones repeat their
@@ -201,7 +201,7 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
             "loss/sft": loss,
             "optim/grad_norm": result.grad_norm,
             "tokens/target": int(tokens),
-            "skipped/row_too_long": round(distributed.all_sum([float(skipped["row_too_long"])])[0]),
+            "skipped/row_too_long": round(distributed.all_sum([float(skipped["row_too_long"] - before)])[0]),
             **dataset.run_metrics(),
             **dataset.load_report(),
             **engine.metrics(),
