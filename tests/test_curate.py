@@ -59,6 +59,13 @@ def test_written_rows_name_their_media_from_where_they_are_written(tmp_path):
     beside = curate.moved(record, data, tmp_path / "curated")  # relative ones would climb out
     assert beside["videos"] == [str(data.resolve() / "media/a.mp4"), "/abs/b.mp4"]
     assert beside["id"] == "r1" and beside["answer"] == "A"
+    # one path alone, as a string (the row schema takes it as a list of one)
+    assert curate.moved({"videos": "media/a.mp4"}, data, tmp_path) == {"videos": "data/media/a.mp4"}
+    assert curate.media_paths({"videos": "/abs/a.mp4", "images": ["b.png", "c.png"]}) == [
+        "b.png",
+        "c.png",
+        "/abs/a.mp4",
+    ]
 
 
 def test_a_progress_line_cut_short_is_left_out(tmp_path):

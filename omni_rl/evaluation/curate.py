@@ -406,7 +406,7 @@ def _write_split(
         else:
             kept.append(record)
     usable = [r for r in kept + dropped if "unusable" not in r]
-    outside = {p for r in usable for field in MEDIA_FIELDS for p in r.get(field, ()) if Path(p).is_absolute()}
+    outside = {p for r in usable for p in media_paths(r) if Path(p).is_absolute()}
     if outside:
         log.warning(
             "%s: kept.jsonl and dropped.jsonl name %d media files outside %s by absolute paths (relative ones "
@@ -434,7 +434,16 @@ def moved(record: dict, root: Path, out: Path) -> dict:
         file = Path(os.path.normpath(root / p))
         return str(file.relative_to(out)) if file.is_relative_to(out) else str(file)
 
-    return {k: [path(p) for p in v] if k in MEDIA_FIELDS and isinstance(v, list) else v for k, v in record.items()}
+    def paths(v):  # one path alone may be a string
+        return path(v) if isinstance(v, str) else [path(p) for p in v]
+
+    return {k: paths(v) if k in MEDIA_FIELDS and v is not None else v for k, v in record.items()}
+
+
+def media_paths(record: dict) -> list[str]:
+    """Every media path ``record`` names (one path alone may be a string)."""
+    values = [record.get(field) or [] for field in MEDIA_FIELDS]
+    return [p for v in values for p in ([v] if isinstance(v, str) else v)]
 
 
 def report(
