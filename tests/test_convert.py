@@ -218,6 +218,17 @@ def llava(tmp_path) -> Path:
     return path
 
 
+def test_a_bracketed_letter_then_its_text_answers_by_letter():
+    """ "(A) left" names option A as "A. left" does (it became an open_ended row, scored
+    by exact match with its option lines left in the question)."""
+    from omni_rl.data.convert import _llava_row
+
+    row = _llava_row("Which way?\nOptions:\n(A) left\n(B) right", "(A) left")
+    assert (row["problem"], row["problem_type"], row["answer"]) == ("Which way?", "multiple_choice", "A")
+    assert row["options"] == ["left", "right"]
+    assert "contradicts option A" in _llava_row("Which way?\n(A) left\n(B) right", "(A) right")
+
+
 def test_llava_video_turns_become_rows(llava):
     conversion = FORMATS.get("llava-video")(llava)
     rows = {row["id"]: row for row in conversion.rows}

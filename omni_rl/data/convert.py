@@ -213,8 +213,8 @@ HUMAN = ("human", "user")
 GPT = ("gpt", "assistant")
 MEDIA_TOKEN = re.compile(r"^\s*(?:<image>|<video>)\s*")
 OPTIONS_HEADER = re.compile(r"\s*(?:options|choices)\s*:?\s*", re.IGNORECASE)
-# "B", "B.", "(B)", "B. text"; not "B text" or a word that starts with a capital
-ANSWER_LETTER = re.compile(r"\s*(?:\(([A-J])\)|([A-J]))\s*(?:[.):：]\s*(.*?))?\s*", re.DOTALL)
+# "B", "B.", "(B)", "B. text", "(B) text"; not "B text" or a word that starts with a capital
+ANSWER_LETTER = re.compile(r"\s*(?:\(([A-J])\)\s*(?:[.:：]\s*)?(.*?)|([A-J])\s*(?:[.):：]\s*(.*?))?)\s*", re.DOTALL)
 
 
 @register_format("llava-video")
@@ -312,7 +312,7 @@ def _llava_row(question: str, answer: str) -> dict | str:
     options = [text for _, text in labels[start:end]]
     if len(options) < 2:
         return {"problem": question, "problem_type": "open_ended", "answer": answer}
-    letter, text = chosen.group(1) or chosen.group(2), chosen.group(3)
+    letter, text = chosen.group(1) or chosen.group(3), chosen.group(2) or chosen.group(4)
     if ord(letter) - 65 >= len(options):
         return f"answer {answer!r} is beyond options A-{chr(64 + len(options))}"
     if text and normalize_text(text) != normalize_text(options[ord(letter) - 65]):
