@@ -420,6 +420,11 @@ def _check_curate(args: argparse.Namespace) -> None:
         raise OmniRLError(f"{args.data}: no such dataset file")
     if hasattr(args, "threshold") and not 0 < args.threshold <= 1:
         raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
+    if hasattr(args, "low") and args.samples < 2:
+        raise OmniRLError(
+            f"curate difficulty: --samples {args.samples}: one answer's pass rate is 0 or 1 where answers are right "
+            "or wrong, outside (low, high), so every such row would drop; ask 2 or more"
+        )
     if hasattr(args, "low") and not 0 <= args.low < args.high <= 1:
         raise OmniRLError(f"curate: --low {args.low} and --high {args.high} must satisfy 0 <= low < high <= 1")
 

@@ -292,6 +292,7 @@ print(code, heavy)
         (["curate", "text-only", "README.md", *MODEL_OUT, "--threshold", "0"], "curate: --threshold 0.0 is not in"),
         (["curate", "difficulty", "README.md", *MODEL_OUT, "--low", "0.9", "--high", "0.1"], "curate: --low 0.9"),
         (["curate", "difficulty", "README.md", *MODEL_OUT, "--samples", "0"], "curate: --samples must be >= 1"),
+        (["curate", "difficulty", "README.md", *MODEL_OUT, "--samples", "1"], "curate difficulty: --samples 1"),
     ],
     ids=[
         "missing",
@@ -309,6 +310,7 @@ print(code, heavy)
         "curate_threshold",
         "curate_bounds",
         "curate_samples",
+        "difficulty_one_sample",
     ],
 )
 def test_a_bad_config_path_or_argument_fails_before_the_heavy_imports(argv, error):
