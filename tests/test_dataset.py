@@ -19,6 +19,7 @@ from omni_rl.preprocess.index import DatasetIndex
 from omni_rl.preprocess.pipeline import Budgets, preprocess
 from omni_rl.preprocess.synthetic import moving_square, tone, write_image, write_video, write_wav
 from omni_rl.preprocess.video import VideoBudget
+from omni_rl.recipe_loader import load_config
 
 
 def small_budgets(family: str, use_audio_in_video: bool = False) -> Budgets:
@@ -247,6 +248,19 @@ def test_loading_routes_problem_types_and_checks_gold_answers(tmp_path):
     assert "unknown problem type 'countin' (did you mean 'counting'?); known: " in str(err.value)
     assert f"in 4 rows: {path}:1 x0, {path}:2 x1, {path}:3 x2 ..." in str(err.value)
     assert "unknown problem type 'mcq2'" in str(err.value) and f"in 1 rows: {path}:5 y" in str(err.value)
+
+
+def test_an_eval_sets_limit_is_reported_as_rows_left_out(dataset_file, tmp_path):
+    """The run's summary adds an eval set's rows up: read = used + refused + left out by
+    ``limit`` (the limit's rows were missing from every count)."""
+    from omni_rl.evaluation.during_training import HeldOut
+
+    limited = f"data.eval=[{{data: {dataset_file}, limit: 2}}]"
+    cfg = load_config(None, [f"data.train={dataset_file}", limited, "media.max_frames=4"], recipe="sft")
+    (dataset,) = HeldOut(cfg, tmp_path, "qwen2_5_vl").datasets().values()
+    report = dataset.load_report()
+    assert (report["data/rows_read"], report["data/rows_used"], report["data/rows_left_out"]) == (4, 2, 2)
+    assert report["data/rows_read"] == report["data/rows_used"] + report["data/rows_refused"] + 2
 
 
 def test_image_rows_carry_the_recorded_sizes_for_box_scoring(tmp_path):

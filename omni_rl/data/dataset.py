@@ -221,6 +221,7 @@ class MediaDataset:
         self.failures: list[RowFailure]
         self.rows, self.failures = read_rows(self.data, columns, strict)
         self.read = len(self.rows) + len(self.failures)
+        self.left_out = 0
         problems = check_targets(self.rows)
         _refuse_unknown_types(self.data, problems)
         self._drop([RowFailure(p.id, p.path, p.reason) for p in problems])
@@ -302,9 +303,18 @@ class MediaDataset:
                 refused.append(RowFailure(row.id, row.source, why))
         return refused
 
+    def use_only(self, rows: list[Row]) -> None:
+        """Use ``rows``, some of its rows (an eval set's ``limit``); the others are
+        reported as left out."""
+        self.left_out += len(self.rows) - len(rows)
+        self.rows = rows
+
     def load_report(self) -> dict[str, int]:
-        """Rows read, used and refused at load (read = used + refused)."""
-        return {"data/rows_read": self.read, "data/rows_used": len(self.rows), "data/rows_refused": len(self.failures)}
+        """Rows read, used and refused at load, and left out by ``use_only`` where some
+        were (read = used + refused + left out)."""
+        used, refused = len(self.rows), len(self.failures)
+        report = {"data/rows_read": self.read, "data/rows_used": used, "data/rows_refused": refused}
+        return report | ({"data/rows_left_out": self.left_out} if self.left_out else {})
 
     def _key(self, row: Row, position: int, kind: str, path: Path) -> str:
         """The cache key of a row's medium: from the index, or (prefer_cache) by hashing the file."""

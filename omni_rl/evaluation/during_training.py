@@ -86,7 +86,7 @@ class HeldOut:
             data.columns,
             inputs=self.inputs,
         )
-        dataset.rows = spread(dataset.rows, spec.limit)
+        dataset.use_only(spread(dataset.rows, spec.limit))
         return _Set(spec, dataset)
 
     def _benchmark(self, spec: EvalSetConfig, family: str) -> _Set:

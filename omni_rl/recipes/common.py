@@ -132,8 +132,9 @@ def say(ranks: Ranks, message: str) -> None:
 def finish_run(run: Run, step: int, datasets: dict, row: dict, results: dict | None = None) -> dict:
     """Link ``OUTPUT_DIR/model`` to the final model (the best one when
     ``trainer.best_metric`` kept one, else the last checkpoint's), write
-    ``summary.json`` (the step reached, the model, each dataset's rows read, used and
-    refused, which add up, with its cache use, and the last metrics row) and say where
+    ``summary.json`` (the step reached, the model, each dataset's rows read, used,
+    refused and left out by an eval set's limit, which add up, with its cache use, and
+    the last metrics row) and say where
     the model is. ``results``: what a recipe measures of the whole run (flow_ppo:
     held-out success before and after RL), kept under ``results`` when given."""
     best, last = run.out / "best" / "model", checkpoint.latest(run.out)
