@@ -362,14 +362,17 @@ def _eval(args: argparse.Namespace) -> int:
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.evaluation.pipeline import evaluate_rows
     from omni_rl.evaluation.summary import rows_table
-    from omni_rl.models import load
+    from omni_rl.models import family_of, load, require_media_family
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import load_plugins
     from omni_rl.rollout.hf import SamplingParams
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
-    cfg = load_config(args.config, args.overrides, recipe="preprocess")
+    family = family_of(args.model).name
+    defaults = [] if args.config else [f"media.family={family}"]  # without --config: media for the model
+    cfg = load_config(args.config, [*defaults, *args.overrides], recipe="preprocess")
+    require_media_family(cfg.media.family, family)
     samples = args.samples or 1
     # any recipe's config: the sections it has apply, the defaults stand in for the others
     sections = vars(cfg)
@@ -503,16 +506,18 @@ def _curate(args: argparse.Namespace, rule) -> int:
     from omni_rl.data.config import DataConfig
     from omni_rl.engine import distributed
     from omni_rl.evaluation.curate import Asking, curate, report_table
-    from omni_rl.models import load
+    from omni_rl.models import family_of, load, require_media_family
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import load_plugins
     from omni_rl.rollout import build_rollout_engine
     from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
 
-    # without --config the grpo defaults stand in, answering at most 64 tokens
-    defaults = [] if args.config else ["rollout.max_new_tokens=64"]
+    # without --config the grpo defaults stand in, answering at most 64 tokens, media for the model's family
+    family = family_of(args.model).name
+    defaults = [] if args.config else ["rollout.max_new_tokens=64", f"media.family={family}"]
     cfg = load_config(args.config, [*defaults, *args.overrides], recipe="grpo")
+    require_media_family(cfg.media.family, family)
     sections = vars(cfg)
     run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
     rollout, rewards = sections.get("rollout"), sections.get("rewards")

@@ -369,3 +369,30 @@ def test_sft_counts_rows_too_long_per_step(tmp_path, shapes, monkeypatch):
     sft.train(load_config(None, [*common, f"run.output_dir={out}"], recipe="sft"))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["skipped/row_too_long"] for row in rows if "skipped/row_too_long" in row] == [2, 2, 2]
+
+
+def test_media_sized_for_another_familys_patches_are_refused_or_follow_the_model(tmp_path, shapes, tiny_checkpoint):
+    """Frames are sized for ``media.family``'s patches (14 px by default, Qwen3-VL's are
+    16): a run whose model has other patches is refused before anything is built,
+    naming the setting (it crashed in the processor with a reshape error); ``omni-rl
+    eval`` without a config sizes the media for its model's family."""
+    from omni_rl.recipes.common import setup_data
+
+    cfg = load_config(None, [f"data.train={shapes}", "model.tiny_family=qwen3_vl"], recipe="sft")
+    with pytest.raises(
+        OmniRLError, match=r"media.family 'qwen2_5_vl' sizes .*16-pixel patches.*media.family: qwen3_vl"
+    ):
+        setup_data(cfg, torch.device("cpu"))
+    model = tiny_checkpoint("qwen3_vl")
+    args = [
+        "eval",
+        "--model",
+        str(model),
+        "--data",
+        str(shapes),
+        "--max-new-tokens",
+        "2",
+        "--set",
+        "media.max_frames=4",
+    ]
+    assert main(args) == 0

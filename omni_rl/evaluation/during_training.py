@@ -25,7 +25,6 @@ from omni_rl.evaluation import benchmark
 from omni_rl.evaluation.benchmark import Prepared
 from omni_rl.evaluation.pipeline import answer_benchmark, evaluate_benchmark, evaluate_rows
 from omni_rl.evaluation.summary import benchmark_metrics
-from omni_rl.models import family_of
 from omni_rl.preprocess.cache import atomic_write_bytes
 from omni_rl.preprocess.pipeline import Budgets
 from omni_rl.rewards import RewardSettings
@@ -107,8 +106,7 @@ class HeldOut:
     ) -> HeldOut:
         """The run's eval sets, for its model's family (read before the model is built);
         ``inputs``: the dtype of the cached model inputs the run reads (None: none)."""
-        family = family_of(cfg.model.path).name if cfg.model.path else cfg.model.tiny_family
-        return cls(cfg, out, family, settings, sampling, inputs)
+        return cls(cfg, out, cfg.model.family(), settings, sampling, inputs)
 
     def datasets(self) -> dict:
         """Each set's dataset, by ``eval/NAME`` (for the run's summary)."""

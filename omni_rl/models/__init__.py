@@ -45,6 +45,18 @@ def checkpoint_dir(path: str | Path) -> Path:
     )
 
 
+def require_media_family(media_family: str, model_family: str) -> None:
+    """Refuse media sized for ``media_family``'s patches (``media.family``) where the
+    model, of ``model_family``, has patches of another size: its processor cannot cut
+    the frames into its patches."""
+    ours, theirs = FAMILIES.get(media_family).patch_size, FAMILIES.get(model_family).patch_size
+    if theirs and ours != theirs:
+        raise OmniRLError(
+            f"media.family '{media_family}' sizes frames for {ours}-pixel patches; the model is "
+            f"{FAMILIES.canonical(model_family)}, with {theirs}-pixel patches: set media.family: {model_family}"
+        )
+
+
 def family_of(path: str | Path) -> Family:
     """The family of the checkpoint at ``path`` (or a run's ``model/``), from its
     config.json's ``model_type``."""

@@ -71,6 +71,12 @@ class ModelConfig:
     lora: LoRAConfig | None = None
     """Train low-rank adapters instead of the full model."""
 
+    def family(self) -> str:
+        """The family of the model this section loads: ``path``'s, else ``tiny_family``."""
+        from omni_rl.models import family_of
+
+        return family_of(self.path).name if self.path else self.tiny_family
+
     def __post_init__(self):
         require_family(self.tiny_family, "tiny_family")
         require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")

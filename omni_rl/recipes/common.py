@@ -246,12 +246,13 @@ def write_model_inputs(
     its feature dtype. Returns the dtype and ``MediaDataset.cache_inputs``' counts, or
     None when such a run reads none (``model_inputs``)."""
     from omni_rl.data.dataset import MediaDataset
-    from omni_rl.models import load_processor
+    from omni_rl.models import load_processor, require_media_family
     from omni_rl.preprocess.pipeline import Budgets
 
     dtype = model_inputs(cfg, device)
     if dtype is None:
         return None
+    require_media_family(cfg.media.family, cfg.model.family())
     dataset = MediaDataset(
         data,
         Budgets.from_config(cfg.media),
@@ -272,11 +273,13 @@ def setup_data(cfg, device: torch.device):
     ``device`` computes (``model_inputs``)."""
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.data.sampler import PromptSampler, SourceUCBSampler
+    from omni_rl.models import require_media_family
     from omni_rl.preprocess.pipeline import Budgets
 
     data = cfg.data
     if not data.train:
         raise OmniRLError("data.train must name a dataset file")
+    require_media_family(cfg.media.family, cfg.model.family())
     dataset = MediaDataset(
         data.train,
         Budgets.from_config(cfg.media),
