@@ -47,12 +47,21 @@ NUMBER = re.compile(
     r"(?<![\w.])([-+−]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?(?:[eE]([-+]?\d{1,4}))?(?:\s*/\s*(\d+))?\s*(%)?"
     r"|(?<![\w.])([-+−]?)\.(\d+)"
 )
-# "a × 10^b" (× written ×, \\times, \\cdot, · or *; the power ^ or **, its exponent in
-# braces or not) and "10^b" alone, read as one number "aeb".
+# "a × 10^b" (× written ×, \\times, \\cdot, ·, * or x; the power ^ or **, its exponent in
+# braces or not, or superscript: "10⁵") and "10^b" alone, read as one number "aeb".
 TIMES_TEN_TO = re.compile(
-    r"(?:(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s*(?:×|\\times|\\cdot|·|\*)\s*)?"
+    r"(?:(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s*(?:×|\\times|\\cdot|·|\*|x|X)\s*)?"
     r"(?<![\w.])10\s*(?:\^|\*\*)\s*(\{)?\s*([-+−]?\d{1,4})\s*(?(2)\})"
 )
+SUPERSCRIPT_POWER = re.compile(r"(?<![\w.])10([⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+)")
+SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+# "2nd", "3rd": an ordinal names a place, not an amount, beside another number
+ORDINAL = re.compile(r"(?:st|nd|rd|th)\b", re.IGNORECASE)
+# a scale after a number multiplies it ("one hundred", "1.5 million"); before the last
+# number word it makes a compound number ("one hundred and five"), which is not read
+SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
+SCALE_AFTER = re.compile(r"\s*(" + "|".join(SCALES) + r")\b", re.IGNORECASE)
+SCALE_BEFORE = re.compile(r"\b(?:" + "|".join(SCALES) + r")(?:\s+and)?\s+$", re.IGNORECASE)
 # A whole word: "someone" and "twenty-one" hold none.
 NUMBER_WORD = re.compile(r"(?<![\w-])(" + "|".join(NUMBER_WORDS) + r")(?![\w-])", re.IGNORECASE)
 # "one" as a pronoun, not a number: "each one", "the one on the left", "no one", "one of them"
@@ -64,18 +73,27 @@ PRONOUN_ONE = re.compile(
 MAX_NUMBER_TEXT = 5_000
 
 
-def _last_number_word(text: str) -> tuple[int, float | None] | None:
-    """(position, value) of the last number word in ``text`` ("one" as a pronoun
-    aside), or None when there is none. Its value is None when another number word precedes it with only spaces
-    between ("twenty one"): words past twenty are not read, not misread as one."""
+def _last_number_word(text: str) -> tuple[int, int, float | None] | None:
+    """(start, end, value) of the last number word in ``text`` ("one" as a pronoun
+    aside), or None when there is none. Its value is None when another number word or a
+    scale precedes it with only spaces (or "and") between ("twenty one", "one hundred
+    and five"): numbers past twenty in words are not read, not misread as their last
+    word."""
     pronouns = {m.end() for m in PRONOUN_ONE.finditer(text)}
     words = [m for m in NUMBER_WORD.finditer(text) if m.end() not in pronouns]
     if not words:
         return None
     last = words[-1]
-    if len(words) > 1 and not text[words[-2].end() : last.start()].strip():
-        return last.start(), None
-    return last.start(), float(NUMBER_WORDS[last.group(1).lower()])
+    joined = len(words) > 1 and not text[words[-2].end() : last.start()].strip()
+    if joined or SCALE_BEFORE.search(text, 0, last.start()):
+        return last.start(), last.end(), None
+    return last.start(), last.end(), float(NUMBER_WORDS[last.group(1).lower()])
+
+
+def _scaled(value: float | None, text: str, end: int) -> float | None:
+    """``value`` times the scale word right after it ("hundred", "million"), if any."""
+    scale = SCALE_AFTER.match(text, end)
+    return value * SCALES[scale.group(1).lower()] if scale and value is not None else value
 
 
 def _is_exponent(text: str, start: int) -> bool:
@@ -89,18 +107,22 @@ def _is_exponent(text: str, start: int) -> bool:
 
 def parse_number(text: str) -> float | None:
     """The last number in ``text``, written in digits ("1,234.5", "45%", "3.2e5", "3/4",
-    "-2", "about 4 meters", "3.2 × 10^5") or as a word from zero to twenty ("seven",
-    "There are three chairs."); None when there is none or it is not finite. Percent
-    signs are dropped: "45%" reads as 45. A power's exponent is no answer: "25 m^2"
-    reads as 25."""
+    "-2", "about 4 meters", "3.2 × 10^5", "3 x 10⁸") or as a word from zero to twenty
+    ("seven", "There are three chairs."), times a scale word after it ("1.5 million",
+    "one hundred"); None when there is none or it is not finite. Percent signs are
+    dropped: "45%" reads as 45. A power's exponent is no answer: "25 m^2" reads as 25;
+    nor an ordinal beside another number: "4 people in the 2nd clip" reads as 4."""
     if text is None:
         return None
     text = str(text)[-MAX_NUMBER_TEXT:].strip()
+    text = SUPERSCRIPT_POWER.sub(lambda m: "10^" + m.group(1).translate(SUPERSCRIPTS), text)
     text = TIMES_TEN_TO.sub(lambda m: f"{m.group(1) or 1}e{m.group(3).replace('−', '-')}", text)
     matches = [m for m in NUMBER.finditer(text) if not _is_exponent(text, m.start())]
+    amounts = [m for m in matches if not ORDINAL.match(text, m.end())]
+    matches = amounts or matches
     word = _last_number_word(text)
     if word is not None and (not matches or word[0] > matches[-1].start()):
-        return word[1]
+        return _scaled(word[2], text, word[1])
     if not matches:
         return None
     m = matches[-1]
@@ -119,7 +141,7 @@ def parse_number(text: str) -> float | None:
             value = float(integer + (m.group(3) or "") + (f"e{m.group(4)}" if m.group(4) else ""))
     except (ValueError, OverflowError):
         return None
-    value *= sign
+    value = _scaled(value * sign, text, m.end())
     return value if math.isfinite(value) else None
 
 
