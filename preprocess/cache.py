@@ -60,6 +60,12 @@ def tensors_digest(tensors: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def meta_digest(meta: dict) -> str:
+    """SHA-256 of an entry's metadata (its canonical JSON, without this digest)."""
+    fields = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
 def params_digest(params: dict) -> str:
     """Short stable digest of a parameter mapping."""
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
@@ -208,6 +214,7 @@ class MediaCache:
         ``DiskFull``; a failed write leaves no temporary file."""
         path = self.path(key)
         meta = {**meta, "key": key, "format_version": FORMAT_VERSION, "tensors_sha256": tensors_digest(tensors)}
+        meta["meta_sha256"] = meta_digest(meta)
         metadata = {"omni_rl": json.dumps(meta, sort_keys=True)}
         size = sum(a.nbytes for a in tensors.values()) + len(metadata["omni_rl"])  # safetensors adds a small header
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -250,7 +257,9 @@ class MediaCache:
         return sorted(p.stem for p in (self.root / "entries").glob("*/*.safetensors"))
 
     def check(self, key: str) -> str | None:
-        """Why the entry ``key`` is corrupt, or None when its tensors match their digest."""
+        """Why the entry ``key`` is corrupt, or None when its tensors and its metadata
+        (fps, frame indices, sizes, stored dtypes: what builds the model's inputs) match
+        their digests. Entries written before metadata digests have their tensors checked."""
         try:
             entry = self.read(key)
         except OmniRLError as err:
@@ -260,6 +269,8 @@ class MediaCache:
         actual = tensors_digest({name: t.numpy() for name, t in entry.tensors.items()})
         if actual != entry.meta.get("tensors_sha256"):
             return "tensor bytes do not match their digest"
+        if "meta_sha256" in entry.meta and meta_digest(entry.meta) != entry.meta["meta_sha256"]:
+            return "metadata does not match its digest"
         return None
 
     def gc_plan(self, referenced: set[str]) -> GcPlan:

@@ -210,6 +210,15 @@ def test_cache_round_trip_and_verify(tmp_path):
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))
     assert cache.check("k" * 64) == "tensor bytes do not match their digest"
+    # change the metadata in place (the header stays as long, the file still parses):
+    # an entry's fps, frame indices or sizes drive the model's inputs, so verify notices
+    cache.write("m" * 64, {"frames": frames}, {"kind": "video", "fps": 10.0})
+    path = cache.path("m" * 64)
+    data = path.read_bytes()
+    assert data.count(b'\\"fps\\": 10.0') == 1
+    path.write_bytes(data.replace(b'\\"fps\\": 10.0', b'\\"fps\\": 19.0'))
+    assert cache.read("m" * 64).meta["fps"] == 19.0
+    assert cache.check("m" * 64) == "metadata does not match its digest"
 
 
 def test_foreign_manifest_is_refused(tmp_path):
