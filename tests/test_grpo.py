@@ -942,3 +942,67 @@ def test_lora_adapters_are_drawn_from_the_run_seed_whatever_the_process(tmp_path
         model, _, _ = setup_model(cfg, run)
         adapters.append({k: v.clone() for k, v in model.state_dict().items() if "lora_A" in k})
     assert adapters[0] and all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+
+
+def test_a_full_rank_counts_nothing_it_draws_only_to_stay_in_step(monkeypatch):
+    """Under dynamic sampling every rank draws the largest shortfall of any rank, so a
+    rank that is full, or fills partway through a round, rolls out groups only to stay
+    in step. Those groups are neither filtered (the UCB windows took them as |A| = 0,
+    and never saw the informative ones dropped beside them) nor counted in
+    skipped/groups_filtered: a rank scans its groups in draw order until it is full."""
+    import contextlib
+
+    from omni_rl.data.dataset import Sample
+    from omni_rl.data.sampler import PromptSampler
+
+    informative = {0, 2, 3, 5}  # rows whose two completions score apart
+
+    class Rows:
+        data = "fake.jsonl"
+
+        def encoded(self, i, processor):
+            sample = Sample(id=f"row{i}", problem_type="x", answer=0, messages=[], data_source="src")
+            return sample, {"input_ids": torch.zeros(1, 5)}
+
+    class Engine:
+        def max_prompt_tokens(self, rollout):
+            return 1000
+
+        def rollout(self, samples, encoded, n, sampling, seeds):
+            return SimpleNamespace(texts=[None] * len(samples) * n, ids=samples)
+
+    def score(samples, texts, n, cfg):
+        return [SimpleNamespace(score=float(k * (int(s.id[3:]) in informative))) for s in samples for k in range(n)]
+
+    monkeypatch.setattr(grpo, "select_groups", lambda rollouts, keep: [rollouts.ids[i] for i in keep])
+    monkeypatch.setattr(grpo, "concat_rollouts", lambda parts, pad: parts)
+    monkeypatch.setattr(grpo, "_score", score)
+    # another rank is always 3 prompts short: this one draws 3 a round
+    monkeypatch.setattr(grpo.distributed, "all_max", lambda value: max(value, 3))
+    algorithm = SimpleNamespace(
+        dynamic_sampling=True, max_resample_rounds=1, offline_responses="never", overlong="none"
+    )
+    cfg = SimpleNamespace(
+        algorithm=algorithm,
+        rollout=SimpleNamespace(n=2, max_prompt_length=1000),
+        data=SimpleNamespace(prompts_per_step=2),
+    )
+    cfg.run = SimpleNamespace(seed=0)
+    skipped = {"prompt_too_long": 0, "groups_filtered": 0, "sampling_rounds": 0}
+    processor = SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0))
+    batch, _, _, _, filtered = grpo._collect(
+        Rows(),
+        PromptSampler(8, 0, shuffle=False),
+        Engine(),
+        processor,
+        None,
+        cfg,
+        skipped,
+        {},
+        None,
+        lambda name: contextlib.nullcontext(),
+    )
+    # round 1 draws rows 0-2: 0 kept, 1 filtered, 2 kept and the rank is full; round 2's
+    # rows 3-5 (4 alike) only keep it in step
+    assert [s.id for s in batch.samples] == ["row0", "row2"]
+    assert (filtered, skipped["groups_filtered"], skipped["sampling_rounds"]) == (["src", "src"], 1, 2)

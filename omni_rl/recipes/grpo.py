@@ -213,13 +213,16 @@ def _collect(
                 reward = reward + overlong_penalty(
                     rollouts.lengths.cpu(), cfg.rollout.max_new_tokens, buffer, algo.overlong_factor
                 )
-        keep = list(range(len(drawn.samples)))
-        if algo.dynamic_sampling:
-            informative = informative_groups(reward, n)
-            keep = [i for i in keep if informative[i]]
-            skipped["groups_filtered"] += len(drawn.samples) - len(keep)
-            filtered += [drawn.samples[i].data_source for i in range(len(drawn.samples)) if not informative[i]] * n
-        keep = keep[: want - len(samples)]  # a rank that is full rolls out only to stay in step
+        # the groups in draw order until this rank is full: what it drew past that (every
+        # rank draws the largest shortfall) only kept it in step, and counts nowhere
+        informative = informative_groups(reward, n) if algo.dynamic_sampling else [True] * len(drawn.samples)
+        keep, alike = [], []
+        for i in range(len(drawn.samples)):
+            if len(keep) == want - len(samples):
+                break
+            (keep if informative[i] else alike).append(i)
+        skipped["groups_filtered"] += len(alike)
+        filtered += [drawn.samples[i].data_source for i in alike for _ in range(n)]
         rows = [i * n + g for i in keep for g in range(n)]
         samples += [drawn.samples[i] for i in keep]
         encoded += [drawn.encoded[i] for i in keep]
