@@ -830,16 +830,16 @@ def test_offline_answers_replace_completions_cut_to_the_limit():
     assert sampled.replaced.tolist() == [False] * 4  # nothing replaced: all sampled
 
 
-def test_a_cut_offline_answer_is_scored_as_the_tokens_kept(monkeypatch):
+def test_a_cut_offline_answer_is_scored_as_the_tokens_kept(monkeypatch, tiny_checkpoint):
     """An offline answer longer than max_new_tokens is trained on its first tokens only:
     it is scored on the text of those tokens (a prefix without ``</answer>``), not on the
     whole answer, and counted as cut."""
     from omni_rl.data.dataset import Sample
-    from omni_rl.models.tokenizer import byte_level_tokenizer
+    from omni_rl.models import load_processor
     from omni_rl.rewards import RewardResult
     from omni_rl.rollout.hf import Rollouts
 
-    tokenizer = byte_level_tokenizer(["<|endoftext|>", "<|im_end|>"], eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    processor = load_processor(tiny_checkpoint("qwen2_5_vl"))  # a byte-level tokenizer: a token a byte
     scored_texts = []
 
     def whole_answers_score(samples, texts, n, cfg):
@@ -862,7 +862,7 @@ def test_a_cut_offline_answer_is_scored_as_the_tokens_kept(monkeypatch):
     )
     before = [RewardResult(0.0, 0.0, 0.0)] * 4
     mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
-    rollouts, scored = grpo._mix_offline(samples, sampled, before, tokenizer, cfg, mixed)
+    rollouts, scored = grpo._mix_offline(samples, sampled, before, processor, cfg, mixed)
     assert rollouts.texts[1] == "<answer>B</a" and scored_texts == ["<answer>B</a"]
     assert scored[1].score == 0.0 and rollouts.finish_reasons[1] == "length"
     assert mixed == {"groups": 2, "offline": 1, "offline_reward": 0.0, "offline_cut": 1}
@@ -1006,3 +1006,34 @@ def test_a_full_rank_counts_nothing_it_draws_only_to_stay_in_step(monkeypatch):
     # rows 3-5 (4 alike) only keep it in step
     assert [s.id for s in batch.samples] == ["row0", "row2"]
     assert (filtered, skipped["groups_filtered"], skipped["sampling_rounds"]) == (["src", "src"], 1, 2)
+
+
+def test_an_offline_answer_ends_as_the_chat_template_ends_an_answer(tiny_checkpoint, monkeypatch):
+    """An offline answer closes with the chat template's end of an answer
+    (``<|im_end|>``), not the tokenizer's ``eos_token`` (released Qwen2-Audio's is
+    ``<|endoftext|>``), as the sampled completions beside it end."""
+    from omni_rl.data.dataset import Sample
+    from omni_rl.models import load_processor
+    from omni_rl.rewards import RewardResult
+    from omni_rl.rollout.hf import Rollouts
+
+    processor = load_processor(tiny_checkpoint("qwen2_5_vl"))
+    processor.tokenizer.eos_token = "<|endoftext|>"
+    monkeypatch.setattr(grpo, "_score", lambda samples, texts, n, cfg: [RewardResult(1.0, 1.0, 1.0)] * len(texts))
+    sample = Sample(id="r", problem_type="counting", answer=2, messages=[], fields={"offline_response": "2"})
+    sampled = Rollouts(
+        torch.ones(2, 3, dtype=torch.long),
+        torch.ones(2, 3),
+        torch.zeros(2, 3),
+        torch.tensor([3, 3]),
+        ["length"] * 2,
+        ["x", "x"],
+        2,
+    )
+    algorithm = SimpleNamespace(offline_responses="always", offline_below=1.0)
+    cfg = SimpleNamespace(algorithm=algorithm, rollout=SimpleNamespace(n=2, max_new_tokens=8))
+    mixed = {"groups": 0, "offline": 0, "offline_reward": 0.0, "offline_cut": 0}
+    scored = [RewardResult(0.0, 0.0, 1.0)] * 2
+    rollouts, _ = grpo._mix_offline([sample], sampled, scored, processor, cfg, mixed)
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert int(rollouts.completion_ids[1, rollouts.lengths[1] - 1]) == end

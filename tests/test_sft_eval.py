@@ -396,3 +396,24 @@ def test_media_sized_for_another_familys_patches_are_refused_or_follow_the_model
         "media.max_frames=4",
     ]
     assert main(args) == 0
+
+
+def test_an_sft_target_ends_as_the_chat_template_ends_an_answer(shapes, tiny_checkpoint):
+    """The target closes with what the chat template writes after an answer
+    (``<|im_end|>`` in Qwen's), not the tokenizer's ``eos_token``, which released
+    Qwen2-Audio sets to ``<|endoftext|>``: its fine-tuned answers ended with a token
+    the chat never closes a turn with."""
+    from omni_rl.data.dataset import MediaDataset
+    from omni_rl.data.sampler import PromptSampler
+    from omni_rl.models import load_processor
+    from omni_rl.preprocess.pipeline import Budgets
+    from omni_rl.recipes.common import Balance
+
+    processor = load_processor(tiny_checkpoint("qwen2_5_vl"))
+    processor.tokenizer.eos_token = "<|endoftext|>"  # as released Qwen2-Audio's tokenizer has it
+    cfg = load_config(None, [f"data.train={shapes}", *MEDIA], recipe="sft")
+    dataset = MediaDataset(shapes, Budgets.from_config(cfg.media))
+    skipped = {"row_too_long": 0}
+    encoded = sft._encode(dataset, PromptSampler(len(dataset), 0), 2, processor, cfg, Balance(None), None, skipped)
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert [target[-1] for _, target in encoded] == [end, end]

@@ -23,7 +23,7 @@ from omni_rl.engine.engine import TrainingEngine, load_dtype, resolve_precision
 from omni_rl.errors import OmniRLError
 from omni_rl.models import build_tiny, family_of, load, placeholder_token_ids
 from omni_rl.models.config import GenerationConfig
-from omni_rl.models.inputs import append_completion, encode_prompts
+from omni_rl.models.inputs import answer_end, append_completion, encode_prompts
 from omni_rl.preprocess.synthetic import moving_square, write_video
 from omni_rl.preprocess.video import VideoBudget, read_video
 from omni_rl.recipes.common import MetricsLog
@@ -90,8 +90,7 @@ def main(cfg: DemoConfig) -> dict:
     [answer_before] = _generate(model, processor, inputs, cfg.generation)
 
     # TEACH: supervised steps on the right answer; the loss reaches the vision tower
-    tokenizer = processor.tokenizer
-    target = tokenizer(v.direction + tokenizer.eos_token, return_tensors="pt")["input_ids"]
+    target = processor.tokenizer(v.direction + answer_end(processor), return_tensors="pt")["input_ids"]
     batch, labels = append_completion(inputs, target)
     batch = {k: t.to(model.device) for k, t in batch.items()}
     labels = labels.to(model.device)

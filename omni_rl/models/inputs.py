@@ -76,6 +76,21 @@ def audio_slots(
     return waves, owners
 
 
+ANSWER_MARK = "omni-rl-answer-mark"
+
+
+def answer_end(processor) -> str:
+    """What the chat template closes an assistant's answer with, up to its line break:
+    ``<|im_end|>`` in Qwen's templates, whatever the tokenizer's ``eos_token`` (released
+    Qwen2-Audio's is ``<|endoftext|>``, a token the chat never closes a turn with). The
+    tokenizer's ``eos_token`` where the template writes nothing after an answer."""
+    question, answer = [{"type": "text", "text": "?"}], [{"type": "text", "text": ANSWER_MARK}]
+    messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    rendered = processor.apply_chat_template(messages, tokenize=False)
+    end = rendered[rendered.rindex(ANSWER_MARK) + len(ANSWER_MARK) :].split("\n")[0].strip()
+    return end or processor.tokenizer.eos_token
+
+
 def encode_prompts(
     processor,
     conversations: Sequence[list[dict]],

@@ -44,7 +44,7 @@ from omni_rl.engine import distributed
 from omni_rl.engine.engine import TrainingEngine, resolve_precision
 from omni_rl.evaluation.during_training import HeldOut
 from omni_rl.models.forward import Entropy, Prefix, SamplingFilter, group_forward, training_dropout
-from omni_rl.models.inputs import TOKEN_KEYS, collate_prompts
+from omni_rl.models.inputs import TOKEN_KEYS, answer_end, collate_prompts
 from omni_rl.recipes.common import (
     Balance,
     Timer,
@@ -145,11 +145,12 @@ def takes_offline(accuracy: float, mode: str, below: float | None) -> bool:
     return mode == "always" or (mode == "below" and accuracy < below)
 
 
-def _mix_offline(samples: list[Sample], rollouts, scored: list, tokenizer, cfg: GRPOConfig, mixed: dict):
+def _mix_offline(samples: list[Sample], rollouts, scored: list, processor, cfg: GRPOConfig, mixed: dict):
     """Each group whose row has an ``offline_response`` and that ``takes_offline``: its
-    last completion replaced by that answer (tokenized, ending in the stop token, cut
-    at ``max_new_tokens``) and scored like the others. ``mixed`` counts the groups seen,
-    those that took one and their rewards."""
+    last completion replaced by that answer (tokenized, closed as the chat template
+    closes an answer, ``answer_end``, cut at ``max_new_tokens``) and scored like the
+    others. ``mixed`` counts the groups seen, those that took one and their rewards."""
+    tokenizer = processor.tokenizer
     algo, n = cfg.algorithm, cfg.rollout.n
     accuracy = [sum(r.accuracy for r in scored[p * n : (p + 1) * n]) / n for p in range(len(samples))]
     mode, below = algo.offline_responses, algo.offline_below
@@ -161,11 +162,8 @@ def _mix_offline(samples: list[Sample], rollouts, scored: list, tokenizer, cfg: 
     mixed["groups"] += len(samples)
     if not chosen:
         return rollouts, scored
-    ids = {
-        p * n + n - 1: tokenizer(str(samples[p].fields["offline_response"]), add_special_tokens=False)["input_ids"]
-        + [tokenizer.eos_token_id]
-        for p in chosen
-    }
+    answers = {p * n + n - 1: str(samples[p].fields["offline_response"]) + answer_end(processor) for p in chosen}
+    ids = {row: tokenizer(text, add_special_tokens=False)["input_ids"] for row, text in answers.items()}
     decode = partial(tokenizer.decode, skip_special_tokens=True)
     rollouts = replace_completions(rollouts, ids, decode, tokenizer.pad_token_id, cfg.rollout.max_new_tokens)
     results = _score([samples[p] for p in chosen], [rollouts.texts[row] for row in ids], 1, cfg)
@@ -206,7 +204,7 @@ def _collect(
         with timer("reward"):
             scored = _score(drawn.samples, rollouts.texts, n, cfg)
             if algo.offline_responses != "never":
-                rollouts, scored = _mix_offline(drawn.samples, rollouts, scored, processor.tokenizer, cfg, mixed)
+                rollouts, scored = _mix_offline(drawn.samples, rollouts, scored, processor, cfg, mixed)
             reward = torch.tensor([r.score for r in scored])
             if algo.overlong == "penalty":
                 buffer = min(algo.overlong_buffer, cfg.rollout.max_new_tokens)

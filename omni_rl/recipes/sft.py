@@ -23,7 +23,7 @@ from omni_rl.models.forward import (
     output_head,
     reset_rope_deltas,
 )
-from omni_rl.models.inputs import IGNORE_INDEX, append_completion, collate_prompts
+from omni_rl.models.inputs import IGNORE_INDEX, answer_end, append_completion, collate_prompts
 from omni_rl.recipes.common import (
     Balance,
     Timer,
@@ -69,12 +69,13 @@ def _encode(
 ) -> list[tuple[dict, list[int]]]:
     """This rank's ``count`` rows of the step (``draw_rows``: a bad row is skipped and
     another drawn in its place, rows dealt to ranks by their prompt tokens), each as its
-    encoded prompt (with media) and its target's token ids (+ end token). A row longer
+    encoded prompt (with media) and its target's token ids (closed as the chat template
+    closes an answer, ``answer_end``). A row longer
     than ``limit`` (``row_limit``) is skipped too, counted in ``skipped``."""
-    tokenizer = processor.tokenizer
+    tokenizer, end = processor.tokenizer, answer_end(processor)
 
     def target_ids(sample: Sample) -> list[int]:
-        target = render_target(cfg.sft.target_template, sample) + tokenizer.eos_token
+        target = render_target(cfg.sft.target_template, sample) + end
         return tokenizer(target, add_special_tokens=False)["input_ids"]
 
     def too_long(sample: Sample, inputs: dict) -> str | None:
