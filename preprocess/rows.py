@@ -108,6 +108,10 @@ def check_row(raw: object) -> Row | str:
             return _missing(raw, key, "must be a non-empty string")
     if raw.get("answer") is None:
         return _missing(raw, "answer", "is missing")
+    options = raw.get("options")
+    listed = isinstance(options, list) and all(isinstance(o, (str, int, float)) for o in options)
+    if options is not None and not listed:
+        return f"'options' must be a list of the options' texts, got {options!r:.80}"
     media = {}
     for key in MEDIA_FIELDS:
         given = raw.get(key)

@@ -162,6 +162,22 @@ def test_media_fields_that_name_no_path_are_refused_not_read_as_none(tmp_path):
     }
 
 
+def test_options_that_are_not_a_list_are_refused_not_read_letter_by_letter(tmp_path):
+    """A string of options ("left,right") was accepted, even under --strict, and read a
+    character an option: "A. l", "B. e", ... Options are a list of texts (or numbers)."""
+    base = {"problem": "p", "problem_type": "multiple_choice", "answer": "B"}
+    values = {"a": ["left", "right"], "b": [1, 2], "c": None, "d": "left,right", "e": {"A": "left"}, "f": [["x"], "y"]}
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"id": k, **base, "options": v}) + "\n" for k, v in values.items()))
+    rows, failures = read_rows(path)
+    assert [r.id for r in rows] == ["a", "b", "c"]
+    assert {f.id: f.reason for f in failures} == {
+        "d": "'options' must be a list of the options' texts, got 'left,right'",
+        "e": "'options' must be a list of the options' texts, got {'A': 'left'}",
+        "f": "'options' must be a list of the options' texts, got [['x'], 'y']",
+    }
+
+
 def test_parquet_rows(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
