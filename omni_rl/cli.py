@@ -812,7 +812,8 @@ def _rewards_check(args: argparse.Namespace) -> int:
         print(f"unreadable: {failure.path}: {failure.reason}")
     for problem in problems:
         print(f"unscorable: {problem.path}: row '{problem.id}': {problem.reason}")
-    counts = Counter(row.problem_type for row in rows)
+    unscorable = {problem.id for problem in problems}
+    counts = Counter(row.problem_type for row in rows if row.id not in unscorable)
     summary = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
     summary = f" ({summary})" if summary else ""  # no row read: no types
     print(f"{len(rows) - len(problems)} of {len(rows) + len(failures)} rows scorable{summary}")

@@ -325,7 +325,8 @@ def test_rewards_cli(tmp_path, capsys):
     )
     assert main(["rewards", "check", str(data)]) == 1
     out = capsys.readouterr().out
-    assert "unscorable:" in out and "row 'b'" in out and "1 of 2 rows scorable" in out
+    # the types in brackets are the scorable rows' (they added up to more than the count)
+    assert "unscorable:" in out and "row 'b'" in out and "1 of 2 rows scorable (counting 1)" in out
     assert main(["rewards", "score", "--type", "counting", "--answer", "3", "--response", "<answer>3</answer>"]) == 0
     assert '"accuracy": 1.0' in capsys.readouterr().out
     assert main(["rewards", "score", "--type", "countng", "--answer", "3", "--response", "3"]) == 2
