@@ -37,11 +37,11 @@ test: setup lint
 demo: setup
 	$(BIN)/omni-rl quickstart
 
-# A tiny Qwen2-Audio on synthetic audio QA: SFT, then GRPO (CPU, about 4 minutes).
+# A tiny Qwen2-Audio on synthetic audio QA: SFT, then GRPO (CPU, about 2 minutes).
 demo-audio: setup
 	$(BIN)/omni-rl quickstart --audio
 
-# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 25 minutes).
+# A flow policy on ManiSkill PushCube: demos, BC, Flow-Noise PPO (CPU envs; 3 seeds, about 35 minutes).
 demo-sim: setup
 	$(BIN)/omni-rl quickstart --sim
 
