@@ -261,6 +261,11 @@ def test_quickstart_composes_the_recipes_configs():
         load_config(None, ["grpo.media.fps=1"], recipe="quickstart")
     with pytest.raises(ConfigError, match=r"sft\.data\.train: the quickstart fills this"):
         load_config(None, ["sft.data.train=x.jsonl"], recipe="quickstart")
+    # the message names what to set instead
+    with pytest.raises(ConfigError, match=r"sft\.model\.tiny_width: the quickstart fills this: set model\.width"):
+        load_config(None, ["sft.model.tiny_width=96"], recipe="quickstart")
+    with pytest.raises(ConfigError, match=r"fills this: set model\.audio_seconds instead"):
+        load_config(None, ["grpo.model.tiny_audio_seconds=3"], recipe="quickstart_audio")
 
 
 @pytest.mark.parametrize("recipe", ["quickstart", "quickstart_audio"])

@@ -18,7 +18,7 @@ from omni_rl.rewards.config import RewardsConfig
 from omni_rl.rollout.config import RolloutConfig
 from omni_rl.runtime import RunConfig
 
-AUDIO_FILLED = (*FILLED, "model.tiny_audio_seconds")
+AUDIO_FILLED = FILLED | {"model.tiny_audio_seconds": "set model.audio_seconds instead"}
 
 
 @dataclass

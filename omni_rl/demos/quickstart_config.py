@@ -24,18 +24,19 @@ DEFAULT_KINDS = (*KINDS, "quarter", "counting", "grounding")
 routed to rewards of their own (a number, a span scored by IoU)."""
 
 # what the quickstart fills in its sft and grpo sections (from its run, media, model
-# and data sections, and the files it generates); setting them there is an error
-FILLED = (
-    "run",
-    "media",
-    "model.path",
-    "model.tiny_family",
-    "model.tiny_width",
-    "data.train",
-    "data.cache",
-    "data.prompt_template",
-    "data.eval",
-)
+# and data sections, and the files it generates), each with what sets it; setting them
+# there is an error
+FILLED = {
+    "run": "set the quickstart's run section instead",
+    "media": "set the quickstart's media section instead",
+    "model.path": "the tiny model it builds, then the SFT checkpoint",
+    "model.tiny_family": "set media.family instead",
+    "model.tiny_width": "set model.width instead",
+    "data.train": "the rows it generates (data.train_clips sets how many)",
+    "data.cache": "its cache under run.output_dir",
+    "data.prompt_template": "set the quickstart's data.prompt_template instead",
+    "data.eval": "the held-out rows it generates (data.heldout_clips sets how many)",
+}
 
 
 @dataclass
@@ -187,15 +188,16 @@ def _dotted_get(obj, dotted: str):
     return obj
 
 
-def require_unfilled(cfg, defaults: dict, keys: tuple[str, ...]) -> None:
-    """Validation helper: the fields ``keys`` of the recipe sections (``defaults``:
-    section name -> its default config) that a quickstart fills are left at default."""
+def require_unfilled(cfg, defaults: dict, filled: dict[str, str]) -> None:
+    """Validation helper: the fields of the recipe sections (``defaults``: section name
+    -> its default config) that a quickstart fills (``filled``: key -> what fills it, or
+    what to set instead) are left at default."""
     for name, default in defaults.items():
-        for key in keys:
+        for key, instead in filled.items():
             require(
                 _dotted_get(getattr(cfg, name), key) == _dotted_get(default, key),
                 f"{name}.{key}",
-                "the quickstart fills this from its own run, media, model and data sections; set those instead",
+                f"the quickstart fills this: {instead}",
             )
 
 
