@@ -212,6 +212,16 @@ def _run_recipe(args: argparse.Namespace, expected: str) -> int:
     return 0
 
 
+def _no_data_without_config(config: str | None, overrides: list[str]) -> None:
+    """Refuse ``--set data.*`` without ``--config``: the preprocess defaults that stand in
+    have no data section."""
+    if config is None and any(o.startswith("data.") for o in overrides):
+        raise OmniRLError(
+            "--set data.*: needs --config with a training config (its data section); "
+            "without one the preprocess defaults stand in, which have media and rewards only"
+        )
+
+
 def _budgets(config: str | None, overrides: list[str]):
     """Media budgets from any config with a ``media`` section (default: preprocess
     defaults), and its ``data.columns`` (empty without a data section)."""
@@ -219,6 +229,7 @@ def _budgets(config: str | None, overrides: list[str]):
     from omni_rl.preprocess.pipeline import Budgets
     from omni_rl.recipe_loader import load_config
 
+    _no_data_without_config(config, overrides)
     cfg = load_config(config, overrides, recipe="preprocess")
     if not hasattr(cfg, "media"):
         raise ConfigError(f"{config}: this recipe's config has no 'media' section")
@@ -804,6 +815,7 @@ def _rewards_check(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.rows import read_rows
     from omni_rl.rewards import check_targets
 
+    _no_data_without_config(args.config, args.overrides)
     _rewards_config(args)  # registers the config's plug-in scorers
     columns = _data_columns(args)
     rows, failures = read_rows(args.data, columns, args.strict)

@@ -373,3 +373,13 @@ def test_the_tiny_models_page_gives_the_tiny_pi0s_parameter_count(tmp_path):
         count = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118 - safe_open is not iterable
     page = " ".join((ROOT / "docs" / "guides" / "tiny-models.md").read_text().split())
     assert f"about {count / 1e6:.2f} M parameters at width 64 ({count:,};" in page, count
+
+
+@pytest.mark.parametrize("command", [["rewards", "check", "README.md"], ["preprocess", "README.md", "--cache", "c"]])
+def test_data_settings_without_a_config_say_what_to_pass(command, capsys):
+    """``--set data.columns=...`` without ``--config`` read "<preprocess defaults>: data:
+    unknown key 'data' in the top level"; it says what to pass now."""
+    from omni_rl.cli import main
+
+    assert main([*command, "--set", "data.columns={q: problem}"]) == 2
+    assert "--set data.*: needs --config with a training config" in capsys.readouterr().err
