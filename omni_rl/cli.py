@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from omni_rl.errors import OmniRLError
-from omni_rl.registry import Registry
+from omni_rl.registry import Registry, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -161,10 +161,13 @@ def _tiny_model(args: argparse.Namespace) -> int:
     from omni_rl.models import FAMILIES, build_tiny
     from omni_rl.models.flow_policy import BACKBONES, backbone_class
 
-    if args.family in BACKBONES and backbone_class(args.family, "--family").HAS_VLM:  # a VLA policy's backbone
+    vla = [name for name in BACKBONES if backbone_class(name, "--family").HAS_VLM]
+    if args.family in vla:  # a VLA policy's backbone
         out = backbone_class(args.family, "--family").build_tiny(args.out, seed=args.seed, width=args.width)
     else:
-        FAMILIES.canonical(args.family)  # unknown family: a one-line error listing the known ones
+        if args.family not in FAMILIES:  # a one-line error listing every family it builds
+            hint = did_you_mean(args.family, [*FAMILIES.names(), *vla])
+            raise OmniRLError(f"unknown model family '{args.family}'{hint}; known: {', '.join([*FAMILIES, *vla])}")
         out = build_tiny(args.family, args.out, seed=args.seed, width=args.width, audio_seconds=args.audio_seconds)
     print(f"wrote tiny {args.family} to {out}")
     return 0

@@ -383,3 +383,12 @@ def test_data_settings_without_a_config_say_what_to_pass(command, capsys):
 
     assert main([*command, "--set", "data.columns={q: problem}"]) == 2
     assert "--set data.*: needs --config with a training config" in capsys.readouterr().err
+
+
+def test_an_unknown_tiny_model_family_lists_the_vla_backbones_too(tmp_path, capsys):
+    """``tiny-model`` builds pi0 and pi05 too; its error listed only the Qwen families."""
+    from omni_rl.cli import main
+
+    assert main(["tiny-model", "--family", "pi1", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "(did you mean 'pi0'?)" in err and err.rstrip().endswith("qwen3_vl, pi0, pi05")
