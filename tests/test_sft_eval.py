@@ -384,18 +384,8 @@ def test_media_sized_for_another_familys_patches_are_refused_or_follow_the_model
     ):
         setup_data(cfg, torch.device("cpu"))
     model = tiny_checkpoint("qwen3_vl")
-    args = [
-        "eval",
-        "--model",
-        str(model),
-        "--data",
-        str(shapes),
-        "--max-new-tokens",
-        "2",
-        "--set",
-        "media.max_frames=4",
-    ]
-    assert main(args) == 0
+    settings = "--max-new-tokens 2 --set media.max_frames=4".split()
+    assert main(["eval", "--model", str(model), "--data", str(shapes), *settings]) == 0
 
 
 def test_an_sft_target_ends_as_the_chat_template_ends_an_answer(shapes, tiny_checkpoint):
