@@ -384,7 +384,7 @@ def test_media_sized_for_another_familys_patches_are_refused_or_follow_the_model
     ):
         setup_data(cfg, torch.device("cpu"))
     model = tiny_checkpoint("qwen3_vl")
-    settings = "--max-new-tokens 2 --set media.max_frames=4".split()
+    settings = ["--max-new-tokens", "2", "--set", "media.max_frames=4"]
     assert main(["eval", "--model", str(model), "--data", str(shapes), *settings]) == 0
 
 
