@@ -133,3 +133,15 @@ def test_bench_cache_makes_clips_of_the_settings_asked_for(tmp_path):
     assert frames(bench_cache.make_videos(tmp_path, 2, 1.0, 8, 64, 48)) == [8, 8]
     assert frames(bench_cache.make_videos(tmp_path, 2, 2.0, 8, 64, 48)) == [16, 16]
     assert frames(bench_cache.make_videos(tmp_path, 2, 1.0, 8, 64, 48)) == [8, 8]  # the first clips, reused
+
+
+def test_the_ab_benches_alternate_which_side_goes_first():
+    """bench_async and bench_gather_once run each side --rounds times, the other side
+    first in every other round, so that a slow stretch of the machine falls on both."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_gather_once import alternating
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert alternating(("a", "b"), 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    assert alternating(("a", "b"), 1) == [(0, "a"), (0, "b")]

@@ -1,17 +1,18 @@
 """Benchmark the one-step-off rollout against the synchronous one, side by side in one
 run, on the same cores.
 
-    python tools/bench_async.py [--steps 12 --threads 2 --width 128]
+    python tools/bench_async.py [--steps 12 --threads 2 --width 128 --rounds 3]
 
 The same GRPO config (the video quickstart's GRPO phase until 2026-12-06: a tiny
 Qwen2.5-VL, 16-frame clips, 8 prompts of 8 completions of up to 24 tokens, a KL
-reference) runs twice:
+reference) runs two ways, ``--rounds`` times each, alternating which goes first:
 synchronously in one process with ``--threads`` torch threads, and with
 ``rollout.staleness: 1`` under torchrun as one trainer and one rollout process with
 half the threads each (the thread split is printed). Each run's seconds per step are
 the trainer's own (``time/step``: its rollout and update, or its wait for the next
 batch, its update and the weight push), the median of the steps after the first.
-The last line is ``one-step-off speedup sync/async = X``.
+Each round's ratio is printed; the last line is their median,
+``one-step-off speedup sync/async = X``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from bench_gather_once import TORCHRUN, free_port
+from bench_gather_once import TORCHRUN, alternating, free_port
 
 from omni_rl.preprocess.scenes import write_video_qa
 
@@ -72,31 +73,43 @@ def run(path: Path, processes: int) -> list[dict]:
     return [json.loads(line) for line in (path.parent / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
+def phases(timed: list[dict]) -> str:
+    """The medians of a run's timed phases but the whole step's, for one line."""
+    names = sorted({k for x in timed for k in x if k.startswith(("time/", "rollout_process/"))} - {"time/step"})
+    return "medians: " + ", ".join(f"{k} {statistics.median(x.get(k, 0.0) for x in timed):.3f}" for k in names)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per run (the first is not timed)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the synchronous run (even)")
     parser.add_argument("--width", type=int, default=128, help="the tiny model's hidden width")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating which goes first")
     args = parser.parse_args()
     if args.threads < 2 or args.threads % 2:
         parser.error("--threads must be even: the one-step-off run splits them between its two processes")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = write_video_qa(work / "data", videos=8, seed=0, seconds=2.0)
-        sync = run(config(work / "sync", data, args, 0), 1)
-        off = run(config(work / "off", data, args, 1), 2)
+        rows = {
+            (name, r): run(config(work / f"{name}{r}", data, args, int(name == "async")), 1 + (name == "async"))
+            for r, name in alternating(("sync", "async"), args.rounds)
+        }
     half = args.threads // 2
     print(f"synchronous: 1 process, {args.threads} threads; one-step-off: 1 trainer + 1 rollout process, {half} each")
-    seconds = {}
-    for name, rows in (("sync", sync), ("async", off)):
-        timed = rows[1:]
-        seconds[name] = statistics.median(r["time/step"] for r in timed)
-        phases = sorted({k for r in timed for k in r if k.startswith(("time/", "rollout_process/"))} - {"time/step"})
-        parts = ", ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in timed):.3f}" for k in phases)
-        print(f"{name:<6} {seconds[name]:.3f} s/step ({1 / seconds[name]:.2f} steps/s; medians: {parts})")
-    staleness = [r["rollout/staleness"] for r in off]
+    ratios = []
+    for r in range(args.rounds):
+        seconds = {}
+        for name in ("sync", "async"):
+            timed = rows[name, r][1:]
+            seconds[name] = statistics.median(x["time/step"] for x in timed)
+            rate = f"{seconds[name]:.3f} s/step ({1 / seconds[name]:.2f} steps/s"
+            print(f"round {r + 1} {name:<6} {rate}; {phases(timed)})")
+        ratios.append(seconds["sync"] / seconds["async"])
+        print(f"round {r + 1}: sync/async {ratios[-1]:.2f}")
+    staleness = [x["rollout/staleness"] for x in rows["async", 0]]
     print(f"one-step-off staleness per step: {staleness}")
-    print(f"one-step-off speedup sync/async = {seconds['sync'] / seconds['async']:.2f}")
+    print(f"one-step-off speedup sync/async = {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
 
 
 if __name__ == "__main__":

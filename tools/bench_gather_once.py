@@ -1,15 +1,16 @@
 """Benchmark a rollout that gathers FSDP2's weights once against one that gathers them
 for every decoded token, side by side in one run.
 
-    python tools/bench_gather_once.py [--steps 4 --tokens 32 --width 128 --processes 2]
+    python tools/bench_gather_once.py [--steps 4 --tokens 32 --width 128 --processes 2 --rounds 3]
 
-Runs the same GRPO config twice under torchrun over gloo, FSDP2 on a tiny Qwen2.5-VL
-(``model.tiny_width``), only ``rollout.gather_once`` changed, and reads each run's
-metrics: the bytes gathered into a rank per decoded token after the prefill, the bytes
-a step's rollouts gathered in all, and the median rollout time of the steps after the
-first. The runs must agree on every other metric (the same tokens, rewards and losses);
-the tool says so or fails. The last line is the rollout's ratio,
-``gather once speedup per-token/once = X``.
+Runs the same GRPO config under torchrun over gloo, FSDP2 on a tiny Qwen2.5-VL
+(``model.tiny_width``), with only ``rollout.gather_once`` changed, ``--rounds`` times
+each side, alternating which goes first (once, per-token; per-token, once; ...). It
+reads each run's metrics: the bytes gathered into a rank per decoded token after the
+prefill, the bytes a step's rollouts gathered in all, and the median rollout time of
+the steps after the first. The runs must agree on every other metric (the same tokens,
+rewards and losses); the tool says so or fails. Each round's ratio is printed; the last
+line is their median, ``gather once speedup per-token/once = X``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import yaml
 from omni_rl.preprocess.scenes import write_video_qa
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+GATHERS = ("once", "per_token")  # the two sides: rollout.gather_once true, false
 GATHER_KEYS = ("rollout/gathered_bytes", "rollout/gathered_bytes_per_token")
 
 
@@ -74,35 +76,49 @@ def run(path: Path, processes: int) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+def alternating(sides: tuple[str, str], rounds: int) -> list[tuple[int, str]]:
+    """(round, side) in run order: the first side leads in even rounds, the second in
+    odd ones, so that the machine's drift falls on both sides alike."""
+    return [(r, side) for r in range(rounds) for side in (sides if r % 2 == 0 else sides[::-1])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per run (the first is not timed)")
     parser.add_argument("--tokens", type=int, default=32, help="rollout.max_new_tokens")
     parser.add_argument("--width", type=int, default=128, help="the tiny model's hidden width")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating which goes first")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = write_video_qa(work / "data", videos=4, seed=0, seconds=2.0)
         rows = {
-            name: run(config(work / name, data, args, name == "once"), args.processes) for name in ("once", "per_token")
+            (name, r): run(config(work / f"{name}{r}", data, args, name == "once"), args.processes)
+            for r, name in alternating(GATHERS, args.rounds)
         }
-    once, per_token = rows["once"], rows["per_token"]
-    for a, b in zip(once, per_token, strict=True):
-        same = {k for k in a if not k.startswith(("time/", "throughput/")) and k not in GATHER_KEYS}
-        if any(a[k] != b.get(k) for k in same):
-            sys.exit("bench_gather_once: the two runs differ beyond their gathers and timings")
-    print("the two runs agree on every metric but their gathers and timings")
-    seconds = {}
-    for name, metrics in rows.items():
-        last = metrics[-1]
-        seconds[name] = statistics.median(r["time/rollout"] for r in metrics[1:])
+    first = rows["once", 0]
+    for metrics in rows.values():
+        for a, b in zip(first, metrics, strict=True):
+            same = {k for k in a if not k.startswith(("time/", "throughput/")) and k not in GATHER_KEYS}
+            if any(a[k] != b.get(k) for k in same):
+                sys.exit("bench_gather_once: the runs differ beyond their gathers and timings")
+    print(f"the {len(rows)} runs agree on every metric but their gathers and timings")
+    for name in GATHERS:
+        last = rows[name, 0][-1]
         print(
             f"{name:<10} gathered per decoded token {last['rollout/gathered_bytes_per_token'] / 2**20:8.2f} MiB, "
-            f"per step's rollouts {last['rollout/gathered_bytes'] / 2**20:8.2f} MiB, "
-            f"rollout {seconds[name]:.3f} s (median of steps 2-{args.steps})"
+            f"per step's rollouts {last['rollout/gathered_bytes'] / 2**20:8.2f} MiB"
         )
-    print(f"gather once speedup per-token/once = {seconds['per_token'] / seconds['once']:.2f}")
+    ratios = []
+    for r in range(args.rounds):
+        seconds = {name: statistics.median(x["time/rollout"] for x in rows[name, r][1:]) for name in GATHERS}
+        ratios.append(seconds["per_token"] / seconds["once"])
+        print(
+            f"round {r + 1}: rollout once {seconds['once']:.3f} s, per token {seconds['per_token']:.3f} s "
+            f"(medians of steps 2-{args.steps}): {ratios[-1]:.2f}"
+        )
+    print(f"gather once speedup per-token/once = {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
 
 
 if __name__ == "__main__":
