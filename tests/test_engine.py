@@ -511,6 +511,37 @@ def test_a_resume_with_another_learning_rate_goes_on_at_it_and_says_so(tmp_path,
     assert [used for used, _ in _steps(doubled, 2)] == approx([2 * lr_factor(s, 0, 8, "linear") for s in (2, 3)])
 
 
+def test_a_resume_with_other_optimizer_settings_goes_on_with_them_and_says_so(tmp_path, caplog):
+    """The checkpoint's weight decay, betas and eps won silently over the config's (and
+    its kernel flags over the ones this machine's engine chose). This run's own settings
+    hold now, beside the saved moments, and the log names each that changed."""
+    from omni_rl.engine import checkpoint
+
+    def engine(config: AdamWConfig) -> TrainingEngine:
+        torch.manual_seed(0)
+        return TrainingEngine(torch.nn.Linear(4, 2), config, torch.device("cpu"), 8)
+
+    first = engine(AdamWConfig(lr=0.1, weight_decay=0.0))
+    _steps(first, 1)
+    checkpoint.save(first, tmp_path, 1, {}, export=False)
+    asked = AdamWConfig(lr=0.1, weight_decay=0.5, betas=(0.5, 0.9), eps=1e-3)
+    resumed = engine(asked)
+    built = {k: v for k, v in resumed.optimizer.param_groups[0].items() if k != "params"}
+    with caplog.at_level("WARNING", logger="omni_rl.engine.checkpoint"):
+        checkpoint.load(resumed, tmp_path / "checkpoints" / "step-00000001")
+    group = resumed.optimizer.param_groups[0]
+    assert {k: v for k, v in group.items() if k != "params"} == built
+    assert resumed.optimizer.state[resumed.module.weight]["exp_avg"].abs().sum() > 0  # the moments are the saved ones
+    for line in ("weight_decay 0.5 (the checkpoint's 0.0)", "betas (0.5, 0.9) (the checkpoint's (0.9, 0.999))"):
+        assert line in caplog.text
+    assert "eps 0.001 (the checkpoint's 1e-08)" in caplog.text and "foreach" not in caplog.text
+    caplog.clear()
+    same = engine(AdamWConfig(lr=0.1, weight_decay=0.0))
+    with caplog.at_level("WARNING", logger="omni_rl.engine.checkpoint"):
+        checkpoint.load(same, tmp_path / "checkpoints" / "step-00000001")
+    assert "checkpoint's" not in caplog.text
+
+
 def test_matmul_weights_go_to_bf16_but_a_head_tied_to_the_embedding_stays():
     """A frozen copy under bf16-mixed keeps its matmul weights in bf16 (autocast rounds
     them so anyway) and everything else in fp32; a head tied to the token embedding

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import random
 import shutil
@@ -51,6 +52,12 @@ from omni_rl.errors import OmniRLError, stop_on_disk_full
 from omni_rl.runtime import umask_files
 
 PREFIX = "step-"
+# what a resume takes from this run, not the checkpoint, without a word: the kernel the
+# engine chose for this machine, and the rates the schedule sets (``load_state`` names
+# a changed one)
+_NOT_COMPARED = frozenset({"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"})
+
+log = logging.getLogger(__name__)
 
 
 def _flat_state(engine: TrainingEngine, names: set[str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -342,9 +349,24 @@ def check_world_size(path: str | Path, world_size: int) -> None:
         )
 
 
+def changed_settings(saved: list[dict], groups: list[dict]) -> list[str]:
+    """This run's optimizer settings (weight decay, betas, eps, momentum, ...) that
+    differ from a checkpoint's ``optimizer.json``, one ``"name ours (the checkpoint's
+    theirs)"`` each."""
+    changed = []
+    for ours, theirs in zip(groups, saved, strict=True):
+        for key in sorted((ours.keys() & theirs.keys()) - _NOT_COMPARED):
+            old = tuple(theirs[key]) if isinstance(theirs[key], list) else theirs[key]
+            if ours[key] != old:
+                changed.append(f"{key} {ours[key]} (the checkpoint's {old})")
+    return changed
+
+
 def load(engine: TrainingEngine, path: str | Path) -> dict:
-    """Restore weights, optimizer, schedule and this rank's RNG; returns state.json. A
-    damaged checkpoint is an ``OmniRLError`` naming the file (see ``damage``)."""
+    """Restore weights, optimizer state, schedule and this rank's RNG; returns
+    state.json. The optimizer's settings are this run's config's (the log names each
+    that differs from the checkpoint's). A damaged checkpoint is an ``OmniRLError``
+    naming the file (see ``damage``)."""
     path = Path(path)
     check_complete(path)
     state = read_state(path)
@@ -379,8 +401,9 @@ def load(engine: TrainingEngine, path: str | Path) -> dict:
         if key.startswith("optim."):
             fqn, _, name = key.removeprefix("optim.").rpartition(".")
             optim["state"].setdefault(fqn, {})[name] = value
-    for group, hyper in zip(groups, json.loads((path / "optimizer.json").read_text()), strict=True):
-        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items()})
+    changed = changed_settings(json.loads((path / "optimizer.json").read_text()), groups)
+    if changed:
+        log.warning("resuming with this run's optimizer settings: %s", "; ".join(changed))
     set_optimizer_state_dict(engine.model, engine.optimizer, optim, options=StateDictOptions(strict=False))
     engine.trained_names |= names
     if stateless:  # and stay without it, as in the run that saved them
