@@ -141,10 +141,22 @@ class ChunkBuffer:
     valid: torch.Tensor
 
 
+def first_episode(seed: int, limit: int) -> int:
+    """Where run seed ``seed``'s training episodes begin in ``[0, limit)``: ``limit``
+    times the seed's digits mirrored after the point (its radical inverse in base 10:
+    0.1 for 1, 0.01 for 10, 0.11 for 11), so seeds 0-9 begin a tenth of ``limit``
+    apart, 0-99 a hundredth, 0-999 a thousandth; plus ``3 * seed``, which keeps seeds
+    0-9 where ``seed * 100_003`` put them before (that stride wrapped the default 1e6
+    to 30 every ten seeds, so seed 10 replayed seed 0's episodes)."""
+    digits = str(seed)
+    return int(digits[::-1]) * limit // 10 ** len(digits) + 3 * seed
+
+
 def episode_seeds(seed: int, iteration: int, num_envs: int, group_size: int, limit: int) -> list[int]:
     """Seeds of every global env's episode in a training iteration, below ``limit``
-    (the first held-out seed); envs in one group of ``group_size`` share theirs."""
-    base = seed * 100_003 + iteration * num_envs
+    (the first held-out seed), from the run's ``first_episode`` on; envs in one group
+    of ``group_size`` share theirs."""
+    base = first_episode(seed, limit) + iteration * num_envs
     return [(base + i // group_size) % limit for i in range(num_envs)]
 
 

@@ -405,3 +405,20 @@ def test_training_episodes_count_each_envs_first_episode_alone():
     metrics = episode_metrics(totals.totals())
     assert metrics["env/episodes"] == n
     assert metrics["env/success_once"] == pytest.approx(succeeded)
+
+
+def test_run_seeds_train_on_episodes_of_their_own():
+    """Seeds 10 apart began 30 episodes apart (10 x 100,003 wraps the 1e6 held-out
+    limit to 30): seed 10 replayed seed 0's starts two iterations early. Seeds 0-99
+    now share no training episode over 150 iterations of 16 envs, and seeds 0-9 keep
+    the episodes they had (the documented runs)."""
+    from omni_rl.sim.episodes import episode_seeds
+
+    def seen(seed: int) -> set[int]:
+        return {e for it in range(150) for e in episode_seeds(seed, it, 16, 1, 1_000_000)}
+
+    runs = [seen(seed) for seed in range(100)]
+    assert sum(len(r) for r in runs) == len(set().union(*runs)) == 100 * 150 * 16
+    for seed in range(10):
+        assert episode_seeds(seed, 7, 16, 4, 1_000_000) == [seed * 100_003 + 7 * 16 + i // 4 for i in range(16)]
+    assert all(e < 5_000 for e in episode_seeds(13, 400, 16, 1, 5_000))  # below a smaller limit too
