@@ -19,10 +19,11 @@ from safetensors.torch import load_file, save_file
 
 from omni_rl.config import save_config
 from omni_rl.engine import checkpoint
-from omni_rl.errors import ConfigError
+from omni_rl.errors import ConfigError, OmniRLError
 from omni_rl.recipe_loader import config_from_dict
 from omni_rl.recipes import flow_ppo
 from omni_rl.runtime import AVX2_KERNELS
+from omni_rl.sim.episodes import EnvShare
 from omni_rl.sim.experts import demo_chunks
 from omni_rl.sim.point_mass import PointMassEnv, expert_action
 
@@ -613,3 +614,17 @@ def test_the_largest_ratio_is_the_largest_of_the_steps_mini_batches():
     assert out["loss/ratio_max"] == 1.9
     assert out["loss/ratio_mean"] == pytest.approx((1.0 + 1.05 + 1.2) / 3)
     assert out["optim/grad_norm"] == pytest.approx(0.5)
+
+
+def test_an_mlp_policy_on_an_image_env_is_refused(tmp_path):
+    """An MLP actor read PixelTargets-v0's whole flat observation, the privileged point
+    and goal the critic alone may see among it: ``env.blank_images`` was no blind
+    control, since the goal came in as numbers. Refused, naming the policies that read
+    the image and the instruction."""
+    cfg = _config(tmp_path, env={"task": "PixelTargets-v0", "num_envs": 2})
+    env = flow_ppo.make_env(cfg, EnvShare.whole(2))
+    try:
+        with pytest.raises(OmniRLError, match=r"policy.type mlp reads the whole observation.*pi0 or pi05"):
+            flow_ppo.build_policy(cfg, env.obs_dim, env.action_dim, flow_ppo.shared_stream(cfg), env)
+    finally:
+        env.close()

@@ -157,7 +157,14 @@ class Progress:
 
 def build_policy(cfg: FlowPPOConfig, obs_dim: int, action_dim: int, stream: torch.Generator, env=None) -> FlowPolicy:
     """The policy, its initial weights drawn from ``stream``; a pi0 policy reads its
-    observations' layout from ``env``."""
+    observations' layout from ``env``, and an MLP policy is refused on an env that has
+    one (an image, an instruction and privileged state, which the MLP would read)."""
+    if not cfg.policy.vla and isinstance(getattr(env, "layout", None), FlatLayout):
+        raise OmniRLError(
+            f"policy.type mlp reads the whole observation, and {cfg.env.task}'s holds a camera image beside the "
+            "privileged state only the critic may see: use policy.type pi0 or pi05 (they read the image and "
+            "the instruction), or a task that observes state vectors"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(stream.get_state())
         vla = cfg.policy.vla
