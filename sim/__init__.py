@@ -72,7 +72,7 @@ def _point_mass(
     from omni_rl.sim.point_mass import PointMassEnv
 
     # the flow recipe passes a ManiSkill env section through unchanged; PointMass has no
-    # observation or control modes to choose, and one reward
+    # observation or control modes to choose, and one reward: each must be the default
     controls = {"blank_images", "swap_instructions"} if task == PIXEL_TARGETS else set()
     unknown = sorted(set(options) - {"obs_mode", "control_mode", "reward_mode"} - controls)
     if unknown:
@@ -80,6 +80,11 @@ def _point_mass(
     if options.get("obs_mode", "state") != "state":
         shown = "the image, instruction and state it always shows" if task == PIXEL_TARGETS else "its state"
         raise OmniRLError(f"{task}: has one observation mode ({shown}); leave env.obs_mode unset")
+    if options.get("control_mode", "pd_ee_delta_pos") != "pd_ee_delta_pos":
+        raise OmniRLError(
+            f"{task}: has one control (an action moves the point by a bounded step, as pd_ee_delta_pos moves an "
+            "end effector); leave env.control_mode unset"
+        )
     if options.get("reward_mode", "normalized_dense") != "normalized_dense":
         raise OmniRLError(f"{task}: has one reward (distance gained, 1 on reaching); leave env.reward_mode unset")
     device = resolve_device({"gpu": "cuda"}.get(backend, backend))

@@ -25,7 +25,8 @@ class SimEnvConfig:
     image_size: int | None = None
     """obs_mode rgb: the camera image's side in pixels (unset: 64)."""
     control_mode: str = "pd_ee_delta_pos"
-    """Controller the actions drive."""
+    """Controller the actions drive (a ManiSkill task's; PointMass-v0 and PixelTargets-v0
+    have this one only)."""
     reward_mode: Literal["normalized_dense", "dense", "sparse"] = "normalized_dense"
     """ManiSkill's reward: dense shaping scaled to at most 1 per step, unscaled, or 1 on success."""
     max_episode_steps: int = 50

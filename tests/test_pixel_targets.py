@@ -93,6 +93,22 @@ def test_the_controls_are_pixel_targets_options_only():
         build_section(SimEnvConfig, {"task": "PushCube-v1", "blank_images": True}, "env")
 
 
+def test_a_control_mode_the_point_tasks_lack_is_refused():
+    """env.control_mode was taken and ignored on PointMass-v0 and PixelTargets-v0 (a
+    misspelt controller ran as the default), where a wrong obs_mode or reward_mode is
+    refused. Their one control is the default's, which passes."""
+    import pytest
+
+    from omni_rl.errors import OmniRLError
+    from omni_rl.sim import make_vec_env
+
+    for task in ("PointMass-v0", "PixelTargets-v0"):
+        for mode in ("pd_joint_pos", "no_such_controller"):
+            with pytest.raises(OmniRLError, match=f"{task}: has one control"):
+                make_vec_env(task, 2, control_mode=mode)
+        make_vec_env(task, 2, control_mode="pd_ee_delta_pos").close()
+
+
 def test_a_slower_demonstrator_records_scaled_actions_and_says_so():
     from omni_rl.sim.experts import collect_demos
 
