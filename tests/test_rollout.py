@@ -245,3 +245,14 @@ def test_prompts_leave_room_for_the_completion_within_the_models_positions(famil
     ]
     with pytest.raises(OmniRLError, match=r"max_new_tokens=4096 leaves no room for a prompt within the model's 4096"):
         engine.max_prompt_tokens(RolloutConfig(max_new_tokens=4096))
+
+
+def test_a_negative_top_k_is_refused():
+    """rollout.top_k -5 passed: the hf engine and the trainer read it as top-k off and
+    vLLM was handed -5 as it was, so one config meant two things."""
+    from omni_rl.config import FieldError
+
+    with pytest.raises(FieldError, match=r"must be >= 0 \(0 disables\)") as refused:
+        RolloutConfig(top_k=-5)
+    assert refused.value.field_name == "top_k"
+    assert RolloutConfig(top_k=0).top_k == 0 and RolloutConfig(top_k=20).top_k == 20

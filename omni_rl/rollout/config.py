@@ -95,6 +95,7 @@ class RolloutConfig:
         require(self.n >= 2, "n", "GRPO needs at least 2 completions per prompt")
         require(self.temperature > 0, "temperature", "must be > 0 for RL")
         require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        require(self.top_k >= 0, "top_k", "must be >= 0 (0 disables)")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         if self.engine == "vllm":
             require(
