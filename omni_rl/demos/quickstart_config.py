@@ -67,8 +67,8 @@ class QuickstartData:
     teaches the answer format and leaves the questions at chance, for GRPO to learn from
     the frames (off: the true answers, which SFT itself learns)."""
     sft_color_questions: bool = True
-    """The cold start also asks, of each of its clips that shows one square, the
-    square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``),
+    """The cold start also asks, of each of its clips that shows one square (but the
+    ``grounding`` clips), the square's colour (four options, the true answer; ``omni_rl.preprocess.motion.color_rows``),
     which no kind's answer depends on. The held-out questions are the kinds' alone.
     It makes the cold start look at the clips: without it the SFT model's answer barely
     moves with the clip, and GRPO on the seven kinds learned nothing in 1,000 steps at
