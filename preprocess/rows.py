@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from omni_rl.errors import OmniRLError, RowFailure
 log = logging.getLogger(__name__)
 
 MEDIA_FIELDS = ("images", "videos", "audios")
+PLACEHOLDER = re.compile(r"<(image|video|audio)>")
+"""A medium's place in a problem's text: each stands for the row's next medium of its kind."""
 SCHEMA_KEYS = ("id", "problem", "problem_type", "answer", "options", *MEDIA_FIELDS, "data_source", "use_audio_in_video")
 # keys other datasets use for a schema key (matched case-insensitively)
 LIKELY = {
@@ -99,6 +102,20 @@ def _missing(raw: dict, key: str, what: str) -> str:
     return f"'{key}' {what} (the row has '{other}': rename it or map it with data.columns: {{{other}: {key}}})"
 
 
+def placeholder_excess(problem: str, media: dict) -> str | None:
+    """Why ``problem`` holds more ``<image>``/``<video>``/``<audio>`` placeholders of a
+    kind than ``media`` (``{"videos": [...], ...}``) has, or None."""
+    placed = PLACEHOLDER.findall(problem)
+    for kind in ("image", "video", "audio"):
+        have = len(media.get(f"{kind}s", ()))
+        if placed.count(kind) > have:
+            return (
+                f"the problem has {placed.count(kind)} <{kind}> placeholder(s) and the row {have} {kind}(s): "
+                "each places one of them"
+            )
+    return None
+
+
 def check_row(raw: object) -> Row | str:
     """A Row from a decoded record, or the reason it is invalid."""
     if not isinstance(raw, dict):
@@ -119,6 +136,9 @@ def check_row(raw: object) -> Row | str:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
             return f"'{key}' must be a list of paths, got {given!r:.80}"
         media[key] = tuple(value)
+    excess = placeholder_excess(raw["problem"], media)
+    if excess:
+        return excess
     return Row(
         id=raw["id"],
         problem=raw["problem"],

@@ -232,7 +232,7 @@ def test_a_bracketed_letter_then_its_text_answers_by_letter():
 def test_llava_video_turns_become_rows(llava):
     conversion = FORMATS.get("llava-video")(llava)
     rows = {row["id"]: row for row in conversion.rows}
-    assert list(rows) == ["RW587-0", "ZZ001-0", "ZZ001-1"]
+    assert list(rows) == ["RW587-0", "ZZ001-0", "ZZ001-1", "nomedia-0"]
     mc = rows["RW587-0"]
     assert mc["problem_type"] == "multiple_choice" and mc["answer"] == "B"
     assert mc["options"] == ["Cooking.", "Reading a book.", "Sleeping.", "Dancing."]
@@ -254,13 +254,13 @@ def test_llava_video_turns_become_rows(llava):
     second = rows["ZZ001-1"]
     assert (second["problem"], second["answer"]) == ("How many wheels?", "C")
     assert second["options"] == ["Two", "Four", "Three"]
-    assert conversion.counts == {"conversation": {"multiple_choice": 2, "open_ended": 1}}
+    assert conversion.counts == {"conversation": {"multiple_choice": 2, "open_ended": 2}}
+    assert rows["nomedia-0"]["problem"] == "Hi?" and not {"videos", "images"} & set(rows["nomedia-0"])  # text only
     failures = [(f.id, f.path, f.reason) for f in conversion.failures]
     assert failures == [
         ("ZZ001-2", f"{llava}:1", "turn 2: no gpt reply"),
         ("img1-0", f"{llava}:2", "turn 0: no gpt reply"),
         ("img2-0", f"{llava}:3", "turn 0: empty answer"),
-        ("nomedia", f"{llava}:4", "no 'video' or 'image'"),
         ("RW588-0", f"{llava}:5", "turn 0: answer 'A. Dancing' contradicts option A 'Cooking.'"),
         ("RW589-0", f"{llava}:6", "turn 0: answer 'E' is beyond options A-D"),
     ]
@@ -368,3 +368,66 @@ def test_cli_rejects_unknown_formats_and_bad_files(tmp_path, capsys):
     assert "expected a JSON list of records, got dict" in capsys.readouterr().err
     assert main(["data", "convert", "--from", "video-r1", str(bad), "--out", str(bad)]) == 2
     assert "would overwrite the input" in capsys.readouterr().err
+
+
+def test_llava_video_media_tokens_place_the_records_videos(tmp_path):
+    """LLaVA writes <image> for a video too. Only a leading token left the question, so
+    a trailing one, or a second video's, stayed as an <image> placeholder the row had no
+    image for: convert and rewards check passed it, and every draw of the row failed.
+    In a record of videos the token now names a video; one more than the record's media
+    is a failure; a record with no media, or an empty list beside an image, converts."""
+    touch(tmp_path / "a.mp4")
+    touch(tmp_path / "b.mp4")
+    touch(tmp_path / "c.png")
+
+    def record(rid, question, **media):
+        return {
+            "id": rid,
+            **media,
+            "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": "Red."}],
+        }
+
+    records = [
+        record("trail", "Describe the video.\n<image>", video="a.mp4"),
+        record("two", "<image>\n<image>\nWhich is longer?", video=["a.mp4", "b.mp4"]),
+        record("three", "<image>\n<image>\nWhich?", video="a.mp4"),
+        record("text", "Say hello."),
+        record("empty", "<image>\nWhat is shown?", video=[], image="c.png"),
+    ]
+    path = tmp_path / "llava.json"
+    path.write_text(json.dumps(records))
+    conversion = FORMATS.get("llava-video")(path)
+    rows = {row["id"]: row for row in conversion.rows}
+    assert rows["trail-0"]["problem"] == "Describe the video.\n<video>"
+    assert rows["two-0"]["problem"] == "<video>\nWhich is longer?"
+    assert "videos" not in rows["text-0"] and "images" not in rows["text-0"]
+    assert rows["empty-0"]["images"] == ["c.png"] and "videos" not in rows["empty-0"]
+    assert [(f.id, f.reason) for f in conversion.failures] == [
+        ("three-0", "turn 0: the problem has 2 <video> placeholder(s) and the row 1 video(s): each places one of them")
+    ]
+    out = tmp_path / "rows.jsonl"
+    write_conversion(conversion, tmp_path, out)
+    loaded, failures = read_rows(out)
+    assert {r.id for r in loaded} == set(rows) and not failures
+
+
+def test_a_row_with_more_placeholders_than_media_is_refused_as_it_loads(tmp_path):
+    """A hand-written row whose problem holds an <image> it has no image for passed
+    the loader and `rewards check --strict`, and failed at every draw."""
+    path = tmp_path / "rows.jsonl"
+    good = {
+        "id": "g",
+        "problem": "<video>\nWhich way?",
+        "problem_type": "open_ended",
+        "answer": "left",
+        "videos": ["v.mp4"],
+    }
+    bad = {**good, "id": "b", "problem": "Describe it.\n<image>"}
+    two = {**good, "id": "t", "problem": "<video> then <video>?"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in (good, bad, two)))
+    rows, failures = read_rows(path)
+    assert [r.id for r in rows] == ["g"]
+    assert [(f.id, f.path, f.reason) for f in failures] == [
+        ("b", f"{path}:2", "the problem has 1 <image> placeholder(s) and the row 0 image(s): each places one of them"),
+        ("t", f"{path}:3", "the problem has 2 <video> placeholder(s) and the row 1 video(s): each places one of them"),
+    ]

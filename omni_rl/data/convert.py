@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omni_rl.benchmarks import BENCHMARKS
 from omni_rl.errors import OmniRLError, RowFailure
-from omni_rl.preprocess.rows import MEDIA_FIELDS, check_row
+from omni_rl.preprocess.rows import MEDIA_FIELDS, check_row, placeholder_excess
 from omni_rl.registry import Registry
 
 PROGRESS_MIN_ROWS = 10_000
@@ -211,7 +211,7 @@ def _video_r1_row(record: object, index: int) -> dict | str:
 
 HUMAN = ("human", "user")
 GPT = ("gpt", "assistant")
-MEDIA_TOKEN = re.compile(r"^\s*(?:<image>|<video>)\s*")
+MEDIA_TOKEN = re.compile(r"^\s*(?:<image>|<video>)\s*")  # a leading one: the media go first anyway
 OPTIONS_HEADER = re.compile(r"\s*(?:options|choices)\s*:?\s*", re.IGNORECASE)
 # "B", "B.", "(B)", "B. text", "(B) text"; not "B text" or a word that starts with a capital
 ANSWER_LETTER = re.compile(r"\s*(?:\(([A-J])\)\s*(?:[.:：]\s*)?(.*?)|([A-J])\s*(?:[.):：]\s*(.*?))?)\s*", re.DOTALL)
@@ -254,7 +254,8 @@ def llava_video(src: Path) -> Conversion:
             elif not isinstance(question, str) or not question.strip():
                 conversion.fail(row_id, where, f"turn {k}: empty question")
             else:
-                row = _llava_row(question, answer.strip())
+                question = _media_tokens(question, media)
+                row = placeholder_excess(question, media) or _llava_row(question, answer.strip())
                 if isinstance(row, str):
                     conversion.fail(row_id, where, f"turn {k}: {row}")
                 else:
@@ -263,16 +264,23 @@ def llava_video(src: Path) -> Conversion:
 
 
 def _llava_media(record: dict) -> dict[str, list[str]] | str:
-    """{"videos": [...], "images": [...]} of a record, or the reason there is none."""
+    """{"videos": [...], "images": [...]} of a record (either left out where it has
+    none: a text-only record, or an empty list), or why its paths cannot be read."""
     media = {}
     for key, ours in (("video", "videos"), ("image", "images")):
         value = record.get(key)
-        paths = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-        if value is not None and not (paths and all(isinstance(p, str) and p.strip() for p in paths)):
+        paths = [value] if isinstance(value, str) else value if isinstance(value, list) else None
+        if value is not None and (paths is None or not all(isinstance(p, str) and p.strip() for p in paths)):
             return f"'{key}' must be a path or a list of paths"
         if paths:
             media[ours] = paths
-    return media or "no 'video' or 'image'"
+    return media
+
+
+def _media_tokens(question: str, media: dict) -> str:
+    """LLaVA writes ``<image>`` for a video too: in a record of videos alone each is a
+    ``<video>``, the placeholder of the record's next video."""
+    return question.replace("<image>", "<video>") if "videos" in media and "images" not in media else question
 
 
 def _speaker(turn: object) -> str | None:

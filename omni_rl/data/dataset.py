@@ -25,7 +25,6 @@ once, counts in skipped/bad_rows and skips. ``strict`` makes either an error.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -40,7 +39,7 @@ from omni_rl.preprocess.cache import MediaCache
 from omni_rl.preprocess.index import DatasetIndex, IndexMiss
 from omni_rl.preprocess.inputs import inputs_key, pack, processor_digest, unpack
 from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_media
-from omni_rl.preprocess.rows import Row, read_failures, read_rows
+from omni_rl.preprocess.rows import PLACEHOLDER, Row, read_failures, read_rows
 from omni_rl.preprocess.video import VideoClip
 from omni_rl.rewards import check_targets
 
@@ -60,7 +59,6 @@ class BadRow(OmniRLError):
 
 CacheMode = Literal["prefer_cache", "cache_only", "no_cache"]
 CACHE_MODES = ("prefer_cache", "cache_only", "no_cache")
-PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 
 
 @dataclass
