@@ -431,3 +431,21 @@ def test_a_row_with_more_placeholders_than_media_is_refused_as_it_loads(tmp_path
         ("b", f"{path}:2", "the problem has 1 <image> placeholder(s) and the row 0 image(s): each places one of them"),
         ("t", f"{path}:3", "the problem has 2 <video> placeholder(s) and the row 1 video(s): each places one of them"),
     ]
+
+
+def test_llava_video_options_across_blank_lines_and_an_answer_phrase_stay_multiple_choice():
+    """Options with blank lines between them, or an answer written "Answer: B", became
+    open_ended rows with gold "B" (or "Answer: B"), which no answer but that exact
+    string scored. Options written on one line are not read: such a turn with a letter
+    answer is a failure saying so, not an open_ended row."""
+    from omni_rl.data.convert import _llava_row
+
+    spaced = _llava_row("Which way?\n\nA. left\n\nB. right\n\nC. up", "B")
+    assert (spaced["problem_type"], spaced["answer"], spaced["problem"]) == ("multiple_choice", "B", "Which way?")
+    assert spaced["options"] == ["left", "right", "up"]
+    for answer in ("Answer: B", "The answer is B.", "Answer: (B) right"):
+        row = _llava_row("Which way?\nA. left\nB. right", answer)
+        assert (row["problem_type"], row["answer"]) == ("multiple_choice", "B"), answer
+    inline = _llava_row("Which way? A. left B. right C. up", "B")
+    assert inline == "answer 'B' is a letter, but the options are not one to a line (A. ..., B. ...): none was read"
+    assert _llava_row("Which letter is on the sign?", "A")["problem_type"] == "open_ended"  # no options at all

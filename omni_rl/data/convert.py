@@ -214,6 +214,10 @@ GPT = ("gpt", "assistant")
 MEDIA_TOKEN = re.compile(r"^\s*(?:<image>|<video>)\s*")  # a leading one: the media go first anyway
 OPTIONS_HEADER = re.compile(r"\s*(?:options|choices)\s*:?\s*", re.IGNORECASE)
 # "B", "B.", "(B)", "B. text", "(B) text"; not "B text" or a word that starts with a capital
+# "Answer: B", "The answer is B", "The correct answer is (B) text": the phrase before the letter
+ANSWER_PHRASE = re.compile(r"^\s*(?:the\s+)?(?:correct\s+)?answer(?:\s+is)?\s*[:：]?\s*", re.IGNORECASE)
+# "A. left B. right" on one line: options the block reader does not take apart
+INLINE_OPTIONS = re.compile(r"(?:^|\s)\(?A[.)]\s+\S.*\s\(?B[.)]\s+\S")
 ANSWER_LETTER = re.compile(r"\s*(?:\(([A-J])\)\s*(?:[.:：]\s*)?(.*?)|([A-J])\s*(?:[.):：]\s*(.*?))?)\s*", re.DOTALL)
 
 
@@ -302,31 +306,37 @@ def _pairs(turns: list) -> list[tuple[object, object | None]]:
 def _llava_row(question: str, answer: str) -> dict | str:
     """The problem, type, answer (and options) of one turn, or why it cannot be mapped.
 
-    Multiple choice: the question holds an "A. ..."/"(A) ..." block and the answer is a
-    letter ("E", "E." or "E. text"); the block leaves the question (the prompt template
-    renders the options). Anything else is open_ended, its question as written."""
+    Multiple choice: the question holds an "A. ..."/"(A) ..." block, one option to a
+    line (blank lines between them allowed), and the answer is a letter ("E", "E.",
+    "E. text", after "Answer:" or "The answer is"); the block leaves the question (the
+    prompt template renders the options). A letter answer to options written on one
+    line is refused. Anything else is open_ended, its question as written."""
     from omni_rl.rewards.parsing import normalize_text
 
     question = MEDIA_TOKEN.sub("", question, count=1).strip()
     lines = question.split("\n")
-    labels = [_label(line) for line in lines]
-    start = next((i for i, label in enumerate(labels) if label and label[0] == "A"), None)
-    chosen = ANSWER_LETTER.fullmatch(answer)
-    if start is None or chosen is None:
+    filled = [i for i, line in enumerate(lines) if line.strip()]  # blank lines may part the options
+    labels = [_label(lines[i]) for i in filled]
+    first = next((k for k, label in enumerate(labels) if label and label[0] == "A"), None)
+    chosen = ANSWER_LETTER.fullmatch(ANSWER_PHRASE.sub("", answer, count=1))
+    last = first
+    while last is not None and last < len(labels) and labels[last] and labels[last][0] == chr(65 + last - first):
+        last += 1
+    if chosen is None or first is None or last - first < 2:
+        if chosen is not None and INLINE_OPTIONS.search(question):
+            return (
+                f"answer {answer!r} is a letter, but the options are not one to a line (A. ..., B. ...): none was read"
+            )
         return {"problem": question, "problem_type": "open_ended", "answer": answer}
-    end = start
-    while end < len(lines) and labels[end] and labels[end][0] == chr(65 + end - start):
-        end += 1
-    options = [text for _, text in labels[start:end]]
-    if len(options) < 2:
-        return {"problem": question, "problem_type": "open_ended", "answer": answer}
+    options = [text for _, text in labels[first:last]]
     letter, text = chosen.group(1) or chosen.group(3), chosen.group(2) or chosen.group(4)
     if ord(letter) - 65 >= len(options):
         return f"answer {answer!r} is beyond options A-{chr(64 + len(options))}"
     if text and normalize_text(text) != normalize_text(options[ord(letter) - 65]):
         return f"answer {answer!r} contradicts option {letter} {options[ord(letter) - 65]!r}"
-    if start > 0 and OPTIONS_HEADER.fullmatch(lines[start - 1]):
-        start -= 1
+    start, end = filled[first], filled[last - 1] + 1
+    if first > 0 and OPTIONS_HEADER.fullmatch(lines[filled[first - 1]]):
+        start = filled[first - 1]
     problem = "\n".join(lines[:start] + lines[end:]).strip()
     return {"problem": problem, "problem_type": "multiple_choice", "answer": letter, "options": options}
 
