@@ -6,7 +6,7 @@ import math
 from decimal import ROUND_HALF_UP, Context, Decimal
 
 from omni_rl.rewards.base import Target, register
-from omni_rl.rewards.parsing import parse_integer, parse_number
+from omni_rl.rewards.parsing import numbers_in, parse_integer, parse_number
 
 # 0.50, 0.55, ..., 0.95 as exact decimals: the comparison below is strict, and binary
 # floats would put 7 vs 10 (error 0.3) on the wrong side of 1 - 0.70.
@@ -25,6 +25,11 @@ def _gold_number(target: Target) -> float:
 
 def _validate_number(target: Target) -> None:
     _gold_number(target)
+    if isinstance(target.answer, str) and (count := numbers_in(target.answer)) > 1:
+        raise ValueError(
+            f"answer {target.answer!r} holds {count} numbers; the gold is one number (with its unit, power of ten "
+            "or scale word), and a score reads the last"
+        )
 
 
 # digits enough for any finite float at any rounding numbers_match asks for (1e308 to
@@ -62,11 +67,12 @@ def numerical(prediction: str, target: Target) -> tuple[float, dict]:
 
 
 def mean_relative_accuracy(predicted: float, gold: float) -> float:
-    """Mean relative accuracy as the VSI-Bench paper writes it and Video-R1's reward
+    """Mean relative accuracy as the VSI-Bench paper writes it and Video-R1's evaluation
     computes it: the fraction of thresholds t in 0.50..0.95 with relative error
     |pred - gold| / |gold| < 1 - t. A zero gold needs an exact prediction. VSI-Bench's
     code (and ``--benchmark vsibench``, omni_rl.benchmarks.vsibench) also counts an
-    error equal to 1 - t: 3 for 4 scores 0.5 here, 0.6 there."""
+    error equal to 1 - t: 3 for 4 scores 0.5 here, 0.6 there. (Video-R1's training
+    reward is 1 - min(1, relative error): 0.75 for 3 against 4.)"""
     if gold == 0:
         return float(predicted == 0)
     # numbers are compared as the decimals they were written as (2.7 vs 3 is 0.1 off)

@@ -105,6 +105,24 @@ def _is_exponent(text: str, start: int) -> bool:
     return text.endswith("^", 0, i) or text.endswith("**", 0, i)
 
 
+def _digit_numbers(text: str) -> tuple[str, list[re.Match]]:
+    """``text`` (its end) with powers of ten folded into one number ("3.2 × 10^5" ->
+    "3.2e5"), and its numbers in digits that ``parse_number`` reads: no power's
+    exponent, and no ordinal beside another number."""
+    text = str(text)[-MAX_NUMBER_TEXT:].strip()
+    text = SUPERSCRIPT_POWER.sub(lambda m: "10^" + m.group(1).translate(SUPERSCRIPTS), text)
+    text = TIMES_TEN_TO.sub(lambda m: f"{m.group(1) or 1}e{m.group(3).replace('−', '-')}", text)
+    matches = [m for m in NUMBER.finditer(text) if not _is_exponent(text, m.start())]
+    amounts = [m for m in matches if not ORDINAL.match(text, m.end())]
+    return text, amounts or matches
+
+
+def numbers_in(text: str) -> int:
+    """How many numbers in digits ``text`` holds as ``parse_number`` reads them: "25
+    m^2", "3.2 × 10^5" and "4 people in the 2nd clip" hold one, "3 to 5" two."""
+    return len(_digit_numbers(text)[1])
+
+
 def parse_number(text: str) -> float | None:
     """The last number in ``text``, written in digits ("1,234.5", "45%", "3.2e5", "3/4",
     "-2", "about 4 meters", "3.2 × 10^5", "3 x 10⁸") or as a word from zero to twenty
@@ -114,12 +132,7 @@ def parse_number(text: str) -> float | None:
     nor an ordinal beside another number: "4 people in the 2nd clip" reads as 4."""
     if text is None:
         return None
-    text = str(text)[-MAX_NUMBER_TEXT:].strip()
-    text = SUPERSCRIPT_POWER.sub(lambda m: "10^" + m.group(1).translate(SUPERSCRIPTS), text)
-    text = TIMES_TEN_TO.sub(lambda m: f"{m.group(1) or 1}e{m.group(3).replace('−', '-')}", text)
-    matches = [m for m in NUMBER.finditer(text) if not _is_exponent(text, m.start())]
-    amounts = [m for m in matches if not ORDINAL.match(text, m.end())]
-    matches = amounts or matches
+    text, matches = _digit_numbers(text)
     word = _last_number_word(text)
     if word is not None and (not matches or word[0] > matches[-1].start()):
         return _scaled(word[2], text, word[1])

@@ -207,6 +207,18 @@ def test_check_targets_finds_unscorable_gold_answers_at_load_time():
     assert "unknown problem type 'countng' (did you mean 'counting'?)" in unknown[0].reason
 
 
+def test_a_numeric_gold_of_several_numbers_is_refused_at_load_time():
+    """"3 to 5", "1 minute 30 seconds" and "3:45" loaded as numerical and regression
+    golds and were read as their last number (5, 30, 45). A gold is one number, with
+    its unit, its power of ten or its scale word."""
+    several = ["3 to 5", "1 minute 30 seconds", "3:45", "between 2 and 4"]
+    one = ["25 m^2", "3.2 × 10^5", "1.5 million", "45%", "seven", "about 4 meters", "1,234", "-2.5", "3/4", 12]
+    for kind in ("numerical", "regression"):
+        problems = {p.id: p.reason for p in check_targets([row(kind, a) for a in several + one])}
+        assert set(problems) == {f"{kind}-{a}" for a in several}, kind
+        assert "holds 2 numbers; the gold is one number" in problems[f"{kind}-3 to 5"]
+
+
 def test_math_is_bounded_by_its_timeout():
     started = time.perf_counter()
     result = score("math", "<answer>9^9^9^9</answer>", "1")
