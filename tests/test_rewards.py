@@ -208,7 +208,7 @@ def test_check_targets_finds_unscorable_gold_answers_at_load_time():
 
 
 def test_a_numeric_gold_of_several_numbers_is_refused_at_load_time():
-    """"3 to 5", "1 minute 30 seconds" and "3:45" loaded as numerical and regression
+    """ "3 to 5", "1 minute 30 seconds" and "3:45" loaded as numerical and regression
     golds and were read as their last number (5, 30, 45). A gold is one number, with
     its unit, its power of ten or its scale word."""
     several = ["3 to 5", "1 minute 30 seconds", "3:45", "between 2 and 4"]
