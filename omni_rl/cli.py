@@ -336,6 +336,15 @@ def _check_eval(args: argparse.Namespace) -> None:
         raise OmniRLError("eval: --model is required (or --benchmark with --predictions)")
     if args.samples is not None and args.samples < 1:
         raise OmniRLError("eval: --samples must be >= 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise OmniRLError("eval: --max-new-tokens must be >= 1")
+    if not args.benchmark:  # before a model loads: what the evaluation reads and writes
+        from pathlib import Path
+
+        if not Path(args.data).is_file():
+            raise OmniRLError(f"{args.data}: no such dataset file")
+        if args.out and Path(args.out).is_dir():
+            raise OmniRLError(f"eval --out {args.out}: a directory; name the summary's JSON file")
 
 
 @command(
@@ -372,7 +381,6 @@ def _eval(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from omni_rl.data.config import DataConfig
     from omni_rl.data.dataset import MediaDataset
     from omni_rl.evaluation.pipeline import evaluate_rows
     from omni_rl.evaluation.summary import rows_table
@@ -381,17 +389,14 @@ def _eval(args: argparse.Namespace) -> int:
     from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import load_plugins
     from omni_rl.rollout.hf import SamplingParams
-    from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
+    from omni_rl.runtime import resolve_device, resolve_dtype, set_threads
 
     family = family_of(args.model).name
     defaults = [] if args.config else [f"media.family={family}"]  # without --config: media for the model
     cfg = load_config(args.config, [*defaults, *args.overrides], recipe="preprocess")
+    run, data, rollout, rewards = _sections(cfg, args.config)
     require_media_family(cfg.media.family, family)
     samples = args.samples or 1
-    # any recipe's config: the sections it has apply, the defaults stand in for the others
-    sections = vars(cfg)
-    run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
-    rewards, rollout = sections.get("rewards"), sections.get("rollout")
     load_plugins(rewards.custom if rewards is not None else None)
     # a GRPO config: answers as long as its rollouts', sampled (K > 1) as they are
     sampling = SamplingParams(max_new_tokens=64)
@@ -421,8 +426,36 @@ def _eval(args: argparse.Namespace) -> int:
     )
     print(rows_table(summary))
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=2))
+    if not summary["rows"]:
+        print(f"omni-rl: error: {args.data}: no row was scored (see the counts above)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _sections(cfg, config: str | None) -> tuple:
+    """(run, data, rollout, rewards) of any recipe's config for eval and curate: the
+    sections it has apply, the defaults stand in for the others (a data section that is
+    no training data section, as the quickstarts' is, among them). One without a media
+    section is refused."""
+    import logging
+
+    from omni_rl.data.config import DataConfig
+    from omni_rl.errors import ConfigError
+    from omni_rl.runtime import RunConfig
+
+    if not hasattr(cfg, "media"):
+        raise ConfigError(f"{config}: this recipe's config has no 'media' section")
+    sections = vars(cfg)
+    data = sections.get("data")
+    if data is not None and not isinstance(data, DataConfig):
+        logging.getLogger(__name__).warning(
+            "%s: its data section is not a training config's: the data defaults (prompt template, columns) stand in",
+            config,
+        )
+        data = None
+    return sections.get("run") or RunConfig(), data or DataConfig(), sections.get("rollout"), sections.get("rewards")
 
 
 def _check_curate(args: argparse.Namespace) -> None:
@@ -433,6 +466,8 @@ def _check_curate(args: argparse.Namespace) -> None:
         raise OmniRLError("curate: --samples must be >= 1")
     if args.batch_prompts < 1:
         raise OmniRLError("curate: --batch-prompts must be >= 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise OmniRLError("curate: --max-new-tokens must be >= 1")
     if not Path(args.data).is_file():
         raise OmniRLError(f"{args.data}: no such dataset file")
     if hasattr(args, "threshold") and not 0 < args.threshold <= 1:
@@ -517,7 +552,6 @@ def _curate(args: argparse.Namespace, rule) -> int:
 
     import torch
 
-    from omni_rl.data.config import DataConfig
     from omni_rl.engine import distributed
     from omni_rl.evaluation.curate import Asking, curate, report_table
     from omni_rl.models import family_of, load, require_media_family
@@ -525,16 +559,14 @@ def _curate(args: argparse.Namespace, rule) -> int:
     from omni_rl.recipe_loader import load_config
     from omni_rl.rewards import load_plugins
     from omni_rl.rollout import build_rollout_engine
-    from omni_rl.runtime import RunConfig, resolve_device, resolve_dtype, set_threads
+    from omni_rl.runtime import resolve_device, resolve_dtype, set_threads
 
     # without --config the grpo defaults stand in, answering at most 64 tokens, media for the model's family
     family = family_of(args.model).name
     defaults = [] if args.config else ["rollout.max_new_tokens=64", f"media.family={family}"]
     cfg = load_config(args.config, [*defaults, *args.overrides], recipe="grpo")
+    run, data, rollout, rewards = _sections(cfg, args.config)
     require_media_family(cfg.media.family, family)
-    sections = vars(cfg)
-    run, data = sections.get("run") or RunConfig(), sections.get("data") or DataConfig()
-    rollout, rewards = sections.get("rollout"), sections.get("rewards")
     set_threads(run.threads)
     device = resolve_device(run.device)
     distributed.init(device.type)

@@ -336,3 +336,26 @@ def test_every_file_a_run_writes_takes_the_users_umask(tmp_path):
     assert any(p.suffix == ".safetensors" for p in written)
     modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
     assert {path: mode for path, mode in modes.items() if mode != "0o644"} == {}
+
+
+def test_eval_writes_its_summary_where_asked_takes_any_config_with_media_and_fails_when_nothing_scored(
+    tmp_path, tiny_checkpoint, capsys
+):
+    """eval's --out in a folder not made yet raised FileNotFoundError after the whole
+    evaluation, losing it; the quickstart's config (its data section not a training
+    config's) raised AttributeError; a config without media did too; and an evaluation
+    that scored no row exited 0."""
+    data = dataset(tmp_path)
+    model = str(tiny_checkpoint("qwen2_5_vl"))
+    base = ["eval", "--model", model, "--data", str(data), "--max-new-tokens", "2"]
+    out = tmp_path / "new" / "folder" / "summary.json"
+    assert main([*base, "--out", str(out), "--config", str(ROOT / "configs" / "quickstart.yaml")]) == 0
+    assert json.loads(out.read_text())["rows"] == 4
+    capsys.readouterr()
+    assert main([*base, "--config", str(ROOT / "configs" / "demo.yaml")]) == 2
+    assert "configs/demo.yaml: this recipe's config has no 'media' section" in capsys.readouterr().err
+    unreadable = tmp_path / "data" / "missing_media.jsonl"
+    row = {"id": "gone", "problem": "Which way?", "problem_type": "open_ended", "answer": "left", "videos": ["no.mp4"]}
+    unreadable.write_text(json.dumps(row) + "\n")
+    assert main(["eval", "--model", model, "--data", str(unreadable), "--max-new-tokens", "2"]) == 1
+    assert f"{unreadable}: no row was scored" in capsys.readouterr().err
