@@ -791,32 +791,48 @@ def _cache_verify(args: argparse.Namespace) -> int:
     arg("--data", required=True, action="append", metavar="DATA", help="a dataset whose entries to keep (repeatable)"),
     arg("--config", metavar="FILE", help="the config the cache was built with"),
     arg("--dry-run", action="store_true", help="print what would be deleted and kept; delete nothing"),
-    arg("--force", action="store_true", help="delete even when that is more than what is kept"),
+    arg(
+        "--force",
+        action="store_true",
+        help="delete even when that is more than what is kept, or when rows of DATA cannot be read",
+    ),
     overrides("--set media.fps=1 (the values the cache was built with)"),
 )
 def _cache_gc(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.cache import MediaCache
     from omni_rl.preprocess.inputs import inputs_of
     from omni_rl.preprocess.pipeline import referenced_keys
+    from omni_rl.preprocess.rows import read_rows
 
     cache = MediaCache.existing(args.cache)
     manifest = cache.manifest()
-    budgets, _ = _budgets(args.config, args.overrides)
-    keep = set().union(*(referenced_keys(data, budgets, cache) for data in args.data))
+    budgets, columns = _budgets(args.config, args.overrides)
+    keep = set().union(*(referenced_keys(data, budgets, cache, columns) for data in args.data))
     plan = cache.gc_plan(keep | inputs_of(cache, keep))
     summary = (
         f"{len(plan.delete)} entries ({plan.delete_bytes} bytes) to delete, "
         f"{len(plan.keep)} entries ({plan.keep_bytes} bytes) to keep"
     )
+    # rows that cannot be read name media too: their entries would go with the rest
+    unread = [failure for data in args.data for failure in read_rows(data, columns)[1]]
+    listed = "; ".join(f"{f.path} {f.id or ''}: {f.reason}".replace(" :", ":") for f in unread[:3])
+    unread_line = f"{len(unread)} row(s) of --data could not be read ({listed}{'; ...' if len(unread) > 3 else ''})"
     if args.dry_run:
         for verb, entries in (("delete", plan.delete), ("keep", plan.keep)):
             for key, size in entries.items():
                 meta = cache.meta(key) or {}
                 print(f"{verb} {cache.path(key)} {size} bytes ({meta.get('kind', '?')}: {meta.get('source', '?')})")
+        if unread:
+            print(f"{unread_line}: the media they name count as unreferenced")
         print(f"dry run: {summary}; nothing deleted")
         return 0
     if plan.delete_bytes > plan.keep_bytes and not args.force:
         raise OmniRLError(f"{args.cache}: cache gc refused: {summary}. {_gc_hint(manifest, budgets)}")
+    if unread and not args.force:
+        raise OmniRLError(
+            f"{args.cache}: cache gc refused: {unread_line}, and the entries of the media they name would be "
+            "deleted; fix them, or pass --force to delete what the readable rows do not reference"
+        )
     freed = sum(cache.remove(key) for key in plan.delete)
     print(f"removed {len(plan.delete)} entries ({freed} bytes), kept {len(plan.keep)} ({plan.keep_bytes} bytes)")
     return 0

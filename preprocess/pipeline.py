@@ -376,12 +376,15 @@ def _share(rows: list[Row], data_root: Path, budgets: Budgets, index: int, count
     return [row for i, group in enumerate(groups.values()) if i % count == index for row in group]
 
 
-def referenced_keys(data: str | Path, budgets: Budgets, cache: MediaCache) -> set[str]:
-    """Cache keys of every medium the valid rows of ``data`` reference under ``budgets``:
-    from the cache index where it can say (raw file unchanged or deleted), else by
-    hashing the file; a medium that is neither indexed nor on disk has no key."""
+def referenced_keys(
+    data: str | Path, budgets: Budgets, cache: MediaCache, columns: dict[str, str] | None = None
+) -> set[str]:
+    """Cache keys of every medium the valid rows of ``data`` (its keys renamed by
+    ``columns``, as training reads it) reference under ``budgets``: from the cache index
+    where it can say (raw file unchanged or deleted), else by hashing the file; a medium
+    that is neither indexed nor on disk has no key."""
     data = Path(data)
-    rows, _ = read_rows(data)
+    rows, _ = read_rows(data, columns)
     index = DatasetIndex(cache, data)
     keys = set()
     for row in rows:

@@ -326,7 +326,12 @@ def test_cache_gc_and_verify_cli(dataset, tmp_path, capsys):
     assert main(["cache", "gc", str(cache_dir), "--data", str(small)]) == 2
     assert "cache gc refused: 3 entries" in capsys.readouterr().err
     assert len(cache.entry_keys()) == before
-    assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--data", str(dataset)]) == 0
+    # two of dataset's rows cannot be read (a duplicate id, bytes that are not UTF-8): refused without
+    # --force, since the media they name would go (it deleted them, saying nothing)
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--data", str(dataset)]) == 2
+    err = capsys.readouterr().err
+    assert "cache gc refused: 2 row(s) of --data could not be read" in err and f"{dataset}:9 two-videos: dup" in err
+    assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--data", str(dataset), "--force"]) == 0
     assert len(cache.entry_keys()) == before  # both datasets' entries are kept
     assert main(["cache", "gc", str(cache_dir), "--data", str(small), "--force"]) == 0
     assert len(cache.entry_keys()) == 1 < before
@@ -364,7 +369,9 @@ def test_cache_gc_dry_run_deletes_nothing_and_other_budgets_are_refused(dataset,
     assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), "--dry-run", *built_with]) == 0
     out = capsys.readouterr().out.splitlines()
     assert sum(line.startswith("keep ") for line in out) == 4 and "0 entries (0 bytes) to delete" in out[-1]
-    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), *built_with]) == 0
+    assert "2 row(s) of --data could not be read" in out[-2]  # the dry run says so too
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), *built_with]) == 2
+    assert main(["cache", "gc", str(cache_dir), "--data", str(dataset), "--force", *built_with]) == 0
     assert sorted(cache.entry_keys()) == entries
 
 
@@ -507,3 +514,19 @@ def test_preprocess_exits_1_when_every_row_failed(tmp_path, capsys):
     assert main(["preprocess", str(data), "--cache", str(cache_dir), "--workers", "1"]) == 1
     err = capsys.readouterr().err
     assert f"preprocess: every row failed: exit 1: 2 rows failed (listed in {cache_dir / 'failures.jsonl'}), " in err
+
+
+def test_cache_gc_reads_the_rows_under_their_config_columns(dataset, tmp_path):
+    """gc read --data without the config's data.columns: rows that name their question
+    another way were unreadable to it, and their media counted as unreferenced."""
+    from omni_rl.preprocess.pipeline import preprocess, referenced_keys
+
+    renamed = tmp_path / "renamed.jsonl"
+    rows = [json.loads(line) for line in dataset.read_text(errors="replace").splitlines()[:2]]
+    renamed.write_text("".join(json.dumps({"question": r.pop("problem"), **r}) + "\n" for r in rows))
+    columns = {"question": "problem"}
+    budgets = Budgets(VideoBudget(min_frames=2), ImageBudget())
+    cache = MediaCache(tmp_path / "cache")
+    preprocess(renamed, cache.root, budgets, workers=1, progress=False, columns=columns)
+    assert len(referenced_keys(renamed, budgets, cache, columns)) == 4 == len(cache.entry_keys())
+    assert referenced_keys(renamed, budgets, cache) == set()  # read as training would not
