@@ -94,6 +94,14 @@ def overrides(example: str) -> tuple[tuple, dict]:
     )
 
 
+def _counts(args: argparse.Namespace, name: str, *flags: str) -> None:
+    """``omni-rl NAME``'s count options, those given, are >= 1 (argparse takes any int)."""
+    for flag in flags:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None and value < 1:
+            raise OmniRLError(f"{name}: {flag} must be >= 1, got {value}")
+
+
 def config_file(metavar: str) -> tuple[tuple[tuple, dict], ...]:
     """The one config of a command, as its positional or as ``--config`` (see ``_config_file``)."""
     return (
@@ -125,10 +133,16 @@ def _config_check(args: argparse.Namespace) -> int:
     files = [*args.files, *args.config_files]
     if not files:
         raise OmniRLError("config check: give at least one config: omni-rl config check FILE... (or --config FILE)")
-    for path in files:
-        cfg = load_config(path, args.overrides)
+    failed = 0
+    for path in files:  # every file, each bad one said
+        try:
+            cfg = load_config(path, args.overrides)
+        except OmniRLError as err:
+            print(f"omni-rl: error: {err}", file=sys.stderr)
+            failed += 1
+            continue
         print(f"ok: {path} (recipe: {recipe_name(cfg)})")
-    return 0
+    return 2 if failed else 0
 
 
 @command(
@@ -148,6 +162,21 @@ def _config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tiny_model(args: argparse.Namespace) -> None:
+    """Positive sizes, and an --out that holds no checkpoint (or --overwrite)."""
+    from pathlib import Path
+
+    _counts(args, "tiny-model", "--width", "--audio-seconds")
+    out = Path(args.out)
+    if out.is_file():
+        raise OmniRLError(f"tiny-model --out {out}: a file; name a directory")
+    held = [p.name for p in (out / "config.json", *sorted(out.glob("*.safetensors"))) if p.is_file()]
+    if held and not args.overwrite:
+        raise OmniRLError(
+            f"tiny-model --out {out}: holds a checkpoint ({', '.join(held)}); pass --overwrite to replace it"
+        )
+
+
 @command(
     "tiny-model",
     "write a tiny random-init checkpoint of a model family (offline)",
@@ -156,6 +185,8 @@ def _config_show(args: argparse.Namespace) -> int:
     arg("--seed", type=int, default=0, help="initialization seed"),
     arg("--width", type=int, default=64, help="decoder width, a multiple of 32 (64: ~0.2 M params)"),
     arg("--audio-seconds", type=int, default=30, help="audio window of audio families, in seconds"),
+    arg("--overwrite", action="store_true", help="replace a checkpoint already in --out"),
+    check=_check_tiny_model,
 )
 def _tiny_model(args: argparse.Namespace) -> int:
     from omni_rl.models import FAMILIES, build_tiny
@@ -255,6 +286,10 @@ def _check_train(args: argparse.Namespace) -> None:
             f"{path}: recipe '{name}' is not trainable with 'omni-rl train' "
             f"(run it with {get_recipe(name).command}); trainable: {', '.join(trainable())}"
         )
+    if args.resume and args.overwrite:
+        raise OmniRLError(
+            "train: --resume and --overwrite exclude each other: go on from a checkpoint, or start afresh"
+        )
     if args.resume not in (None, "auto") and not (Path(args.resume) / "state.json").is_file():
         raise OmniRLError(f"{args.resume}: not a checkpoint (no state.json)")
 
@@ -292,12 +327,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_attach_talker(args: argparse.Namespace) -> None:
+    """--thinker and --source are checkpoint directories (a config.json each)."""
+    from pathlib import Path
+
+    for flag, path in (("--thinker", args.thinker), ("--source", args.source)):
+        if not (Path(path) / "config.json").is_file():
+            raise OmniRLError(f"attach-talker {flag} {path}: not a checkpoint directory (no config.json)")
+
+
 @command(
     "attach-talker",
     "a full Qwen2.5-Omni checkpoint (speech out) from a trained thinker and its released source",
     arg("--thinker", required=True, metavar="DIR", help="a trained thinker (a run's checkpoints/step-N/model)"),
     arg("--source", required=True, metavar="DIR", help="the released qwen2_5_omni checkpoint it was trained from"),
     arg("--out", required=True, metavar="DIR", help="output directory"),
+    check=_check_attach_talker,
 )
 def _attach_talker(args: argparse.Namespace) -> int:
     from omni_rl.models.omni import attach_talker
@@ -678,6 +723,9 @@ def _data_convert(args: argparse.Namespace) -> int:
 
     summary = convert(args.format, args.src, args.out)
     print(summary_table(summary))
+    if summary["failed"] and not summary["written"]:  # as preprocess: nothing made is a failure
+        print(f"omni-rl: error: {args.src}: every row failed (listed beside {args.out})", file=sys.stderr)
+        return 1
     return 1 if args.strict and summary["failed"] else 0
 
 
@@ -697,6 +745,7 @@ def _data_convert(args: argparse.Namespace) -> int:
     ),
     arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
     overrides("--set media.fps=1"),
+    check=lambda args: _counts(args, "preprocess", "--workers", "--limit"),
 )
 def _preprocess(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.pipeline import preprocess
@@ -960,6 +1009,7 @@ def _rewards_score(args: argparse.Namespace) -> int:
         help="ManiSkill tasks: rgb records every step's camera image too (for a pi0 policy)",
     ),
     arg("--image-size", type=int, default=None, metavar="S", help="rgb: the camera image's side (default 64)"),
+    check=lambda args: _counts(args, "sim collect-demos", "--episodes", "--num-envs", "--image-size"),
 )
 def _sim_collect_demos(args: argparse.Namespace) -> int:
     from omni_rl.runtime import set_threads

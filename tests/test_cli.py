@@ -292,6 +292,16 @@ print(code, heavy)
         (["eval", "--model", "m", "--data", "nowhere.jsonl"], "nowhere.jsonl: no such dataset file"),
         (["eval", "--model", "m", "--data", "README.md", "--out", "docs"], "eval --out docs: a directory"),
         (["curate", "text-only", "README.md", *MODEL_OUT, "--max-new-tokens", "-5"], "curate: --max-new-tokens must"),
+        (["train", "configs/grpo_tiny_shapes.yaml", "--resume", "auto", "--overwrite"], "train: --resume and --overw"),
+        (["tiny-model", "--family", "qwen2_5_vl", "--out", "x", "--width", "-64"], "tiny-model: --width must be >= 1"),
+        (["tiny-model", "--family", "qwen2_5_vl", "--out", "README.md"], "tiny-model --out README.md: a file"),
+        (["preprocess", "README.md", "--cache", "c", "--limit", "-1"], "preprocess: --limit must be >= 1, got -1"),
+        (["preprocess", "README.md", "--cache", "c", "--workers", "0"], "preprocess: --workers must be >= 1, got 0"),
+        (
+            ["sim", "collect-demos", "--task", "PixelTargets-v0", "--episodes", "2", "--out", "o", "--num-envs", "0"],
+            "sim collect-demos: --num-envs must be >= 1",
+        ),
+        (["attach-talker", "--thinker", "docs", "--source", "docs", "--out", "o"], "attach-talker --thinker docs: not"),
         (["curate", "text-only", "nowhere.jsonl", *MODEL_OUT], "nowhere.jsonl: no such dataset"),
         (["curate", "text-only", "README.md", *MODEL_OUT, "--threshold", "0"], "curate: --threshold 0.0 is not in"),
         (["curate", "difficulty", "README.md", *MODEL_OUT, "--low", "0.9", "--high", "0.1"], "curate: --low 0.9"),
@@ -314,6 +324,13 @@ print(code, heavy)
         "eval_data_first",
         "eval_out_directory",
         "curate_max_new_tokens",
+        "resume_and_overwrite",
+        "tiny_width",
+        "tiny_out_file",
+        "preprocess_limit",
+        "preprocess_workers",
+        "collect_demos_envs",
+        "attach_talker_dirs",
         "curate_data",
         "curate_threshold",
         "curate_bounds",
@@ -400,3 +417,21 @@ def test_an_unknown_tiny_model_family_lists_the_vla_backbones_too(tmp_path, caps
     assert main(["tiny-model", "--family", "pi1", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert "(did you mean 'pi0'?)" in err and err.rstrip().endswith("qwen3_vl, pi0, pi05")
+
+
+def test_config_check_checks_every_file_and_tiny_model_keeps_a_checkpoint(tmp_path, capsys):
+    """config check stopped at its first bad file, leaving the rest unchecked;
+    tiny-model --out replaced a checkpoint already there without a word."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipe: grpo\ntrainer: {steps: -1}\n")
+    good = str(ROOT / "configs" / "grpo_tiny_shapes.yaml")
+    assert main(["config", "check", good, str(bad), good]) == 2
+    out, err = capsys.readouterr()
+    assert out.count("ok: ") == 2 and f"{bad}: trainer.steps" in err
+    assert main(["tiny-model", "--family", "qwen2_5_vl", "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["tiny-model", "--family", "qwen2_vl", "--out", str(tmp_path / "m")]) == 2
+    assert "holds a checkpoint (config.json, model.safetensors); pass --overwrite" in capsys.readouterr().err
+    assert "Qwen2_5_VL" in (tmp_path / "m" / "config.json").read_text()
+    assert main(["tiny-model", "--family", "qwen2_vl", "--out", str(tmp_path / "m"), "--overwrite"]) == 0
+    assert "Qwen2_5_VL" not in (tmp_path / "m" / "config.json").read_text()

@@ -354,6 +354,10 @@ def test_cli_prints_the_table_and_strict_fails_on_bad_rows(video_r1, tmp_path, c
     clean = tmp_path / "clean.json"
     clean.write_text(json.dumps(json.loads(video_r1.read_text())[:5]))
     assert main(["data", "convert", "--from", "video-r1", str(clean), "--out", str(out), "--strict"]) == 0
+    # every row failing (here: the wrong format named) exits 1, as preprocess does, strict or not
+    capsys.readouterr()
+    assert main(["data", "convert", "--from", "llava-video", str(video_r1), "--out", str(out)]) == 1
+    assert f"{video_r1}: every row failed" in capsys.readouterr().err
 
 
 def test_cli_rejects_unknown_formats_and_bad_files(tmp_path, capsys):
