@@ -102,6 +102,18 @@ def _counts(args: argparse.Namespace, name: str, *flags: str) -> None:
             raise OmniRLError(f"{name}: {flag} must be >= 1, got {value}")
 
 
+def _writable(path: str, flag: str, want: str) -> None:
+    """Refuse an output ``path`` (given as ``flag``) that exists as the other kind of
+    thing than ``want`` ("file" or "directory"), before any work is done."""
+    from pathlib import Path
+
+    there = Path(path)
+    if want == "file" and (there.is_dir() or not there.name):
+        raise OmniRLError(f"{flag} {path}: a directory; name the file to write")
+    if want == "directory" and there.is_file():
+        raise OmniRLError(f"{flag} {path}: a file; name a directory")
+
+
 def config_file(metavar: str) -> tuple[tuple[tuple, dict], ...]:
     """The one config of a command, as its positional or as ``--config`` (see ``_config_file``)."""
     return (
@@ -271,8 +283,9 @@ def _budgets(config: str | None, overrides: list[str]):
 
 
 def _check_train(args: argparse.Namespace) -> None:
-    """``train``'s line: one config, of a trainable recipe, and a ``--resume DIR`` that
-    is a checkpoint (``recipes.common.start_run`` checks it is complete)."""
+    """``train``'s line: one config, of a trainable recipe, an output_dir that is no
+    file, and a ``--resume DIR`` that is a checkpoint (``recipes.common.start_run``
+    checks it is complete)."""
     from pathlib import Path
 
     from omni_rl.config import apply_overrides, read_yaml
@@ -280,12 +293,16 @@ def _check_train(args: argparse.Namespace) -> None:
 
     path = _config_file(args, "train", "CONFIG")
     raw = read_yaml(path)
-    name = apply_overrides(raw, args.overrides).get("recipe") if isinstance(raw, dict) else None
+    resolved = apply_overrides(raw, args.overrides) if isinstance(raw, dict) else {}
+    name = resolved.get("recipe")
     if name in recipe_names() and not get_recipe(name).trainable:  # unknown or missing: load_config says so
         raise OmniRLError(
             f"{path}: recipe '{name}' is not trainable with 'omni-rl train' "
             f"(run it with {get_recipe(name).command}); trainable: {', '.join(trainable())}"
         )
+    run = resolved.get("run")
+    if isinstance(run, dict) and isinstance(run.get("output_dir"), str):
+        _writable(run["output_dir"], "run.output_dir", "directory")
     if args.resume and args.overwrite:
         raise OmniRLError(
             "train: --resume and --overwrite exclude each other: go on from a checkpoint, or start afresh"
@@ -515,6 +532,7 @@ def _check_curate(args: argparse.Namespace) -> None:
         raise OmniRLError("curate: --max-new-tokens must be >= 1")
     if not Path(args.data).is_file():
         raise OmniRLError(f"{args.data}: no such dataset file")
+    _writable(args.out, "curate --out", "directory")
     if hasattr(args, "threshold") and not 0 < args.threshold <= 1:
         raise OmniRLError(f"curate: --threshold {args.threshold} is not in (0, 1]")
     if hasattr(args, "low") and args.samples < 2:
@@ -717,6 +735,7 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         "--out", required=True, metavar="OUT", help="output JSONL; also writes OUT's .failures.jsonl and .summary.json"
     ),
     arg("--strict", action="store_true", help="exit 1 when any row fails"),
+    check=lambda args: _writable(args.out, "data convert --out", "file"),
 )
 def _data_convert(args: argparse.Namespace) -> int:
     from omni_rl.data.convert import convert, summary_table
@@ -745,7 +764,10 @@ def _data_convert(args: argparse.Namespace) -> int:
     ),
     arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
     overrides("--set media.fps=1"),
-    check=lambda args: _counts(args, "preprocess", "--workers", "--limit"),
+    check=lambda args: (
+        _counts(args, "preprocess", "--workers", "--limit"),
+        _writable(args.cache, "preprocess --cache", "directory"),
+    ),
 )
 def _preprocess(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.pipeline import preprocess
@@ -1009,7 +1031,10 @@ def _rewards_score(args: argparse.Namespace) -> int:
         help="ManiSkill tasks: rgb records every step's camera image too (for a pi0 policy)",
     ),
     arg("--image-size", type=int, default=None, metavar="S", help="rgb: the camera image's side (default 64)"),
-    check=lambda args: _counts(args, "sim collect-demos", "--episodes", "--num-envs", "--image-size"),
+    check=lambda args: (
+        _counts(args, "sim collect-demos", "--episodes", "--num-envs", "--image-size"),
+        _writable(args.out, "sim collect-demos --out", "file"),
+    ),
 )
 def _sim_collect_demos(args: argparse.Namespace) -> int:
     from omni_rl.runtime import set_threads

@@ -358,6 +358,10 @@ def test_cli_prints_the_table_and_strict_fails_on_bad_rows(video_r1, tmp_path, c
     capsys.readouterr()
     assert main(["data", "convert", "--from", "llava-video", str(video_r1), "--out", str(out)]) == 1
     assert f"{video_r1}: every row failed" in capsys.readouterr().err
+    # an --out that is a directory is refused before converting (it raised IsADirectoryError after)
+    for folder in (str(tmp_path), "."):
+        assert main(["data", "convert", "--from", "video-r1", str(video_r1), "--out", folder]) == 2
+        assert f"data convert --out {folder}: a directory; name the file to write" in capsys.readouterr().err
 
 
 def test_cli_rejects_unknown_formats_and_bad_files(tmp_path, capsys):
