@@ -940,8 +940,10 @@ def _rewards_check(args: argparse.Namespace) -> int:
     _no_data_without_config(args.config, args.overrides)
     _rewards_config(args)  # registers the config's plug-in scorers
     columns = _data_columns(args)
+    from tqdm import tqdm
+
     rows, failures = read_rows(args.data, columns, args.strict)
-    problems = check_targets(rows)
+    problems = check_targets(tqdm(rows, desc="rewards check", unit="row", leave=False))
     for failure in failures:
         print(f"unreadable: {failure.path}: {failure.reason}")
     for problem in problems:
@@ -951,7 +953,9 @@ def _rewards_check(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
     summary = f" ({summary})" if summary else ""  # no row read: no types
     print(f"{len(rows) - len(problems)} of {len(rows) + len(failures)} rows scorable{summary}")
-    return 1 if problems or failures else 0
+    if not rows and not failures:
+        print(f"omni-rl: error: {args.data}: holds no row", file=sys.stderr)
+    return 1 if problems or failures or not rows else 0
 
 
 def _data_columns(args: argparse.Namespace) -> dict:
@@ -989,7 +993,8 @@ def _rewards_score(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from omni_rl.rewards import score
+    from omni_rl.preprocess.rows import Row
+    from omni_rl.rewards import check_targets, score
 
     rewards = _rewards_config(args)
     response = sys.stdin.read() if args.response == "-" else args.response
@@ -997,6 +1002,9 @@ def _rewards_score(args: argparse.Namespace) -> int:
         answer = json.loads(args.answer)
     except json.JSONDecodeError:
         answer = args.answer
+    gold = Row("--answer", "", args.problem_type, answer, fields={"options": args.options})
+    for problem in check_targets([gold]):  # a gold its scorer cannot read scores every response 0
+        raise OmniRLError(f"rewards score: {problem.reason}")
     settings = rewards.settings() if rewards is not None else None
     result = score(args.problem_type, response, answer, options=args.options, settings=settings)
     print(json.dumps(asdict(result), indent=2, ensure_ascii=False))

@@ -446,3 +446,17 @@ def test_config_check_checks_every_file_and_tiny_model_keeps_a_checkpoint(tmp_pa
     assert "Qwen2_5_VL" in (tmp_path / "m" / "config.json").read_text()
     assert main(["tiny-model", "--family", "qwen2_vl", "--out", str(tmp_path / "m"), "--overwrite"]) == 0
     assert "Qwen2_5_VL" not in (tmp_path / "m" / "config.json").read_text()
+
+
+def test_rewards_score_refuses_a_gold_it_cannot_read_and_check_an_empty_file(tmp_path, capsys):
+    """rewards score printed 0 and exited 0 for a gold its scorer cannot read (the
+    reason buried in details.error); rewards check passed an empty file."""
+    argv = ["rewards", "score", "--type", "temporal_grounding", "--response", "1 - 2"]
+    assert main([*argv, "--answer", "abc"]) == 2
+    assert "rewards score: temporal answer 'abc' is not a [start, end] span" in capsys.readouterr().err
+    assert main([*argv, "--answer", "[1, 2]"]) == 0
+    assert '"accuracy": 1.0' in capsys.readouterr().out
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["rewards", "check", str(empty)]) == 1
+    assert f"{empty}: holds no row" in capsys.readouterr().err
