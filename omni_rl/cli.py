@@ -701,6 +701,13 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
     config = {"model": args.model, "predictions": args.predictions, "overrides": overrides, "cache": args.cache}
     if args.predictions:
         answers, failures = benchmark.read_predictions(args.predictions), []
+        unknown = [row_id for row_id in answers if row_id not in prepared.rows]
+        if unknown:  # another preset's ids, or another copy's: said, not silently dropped
+            print(
+                f"eval --benchmark: {len(unknown)} of {len(answers)} ids in {args.predictions} name no row of "
+                f"{args.benchmark} here (first: {unknown[0]!r}); they are not scored",
+                file=sys.stderr,
+            )
     elif args.model:
         from omni_rl.models import family_of, load
         from omni_rl.runtime import resolve_device, resolve_dtype
@@ -716,6 +723,9 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
     path = benchmark.write(out, summary, scored, prepared.protocol.metric)
     print(benchmark_table(summary))
     print(f"wrote {path} and {out}/samples_{args.benchmark}.jsonl")
+    if not scored:
+        print(f"omni-rl: error: {args.benchmark}: no row was scored (see the counts above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -376,3 +376,18 @@ def test_rows_a_cache_could_not_decode_are_reported_as_skipped(tmp_path):
     broken = [r for r in skipped["rows"] if r["id"].startswith("BROKEN")]
     assert len(broken) == 1 and "BROKEN.mp4: cannot decode video" in broken[0]["reason"]
     assert summary["n-samples"]["charades_sta"] == {"original": 4, "effective": 2}
+
+
+def test_predictions_for_no_row_are_said_and_nothing_scored_fails(tmp_path, capsys):
+    """Prediction ids that match no row of the preset were dropped silently, and a run
+    that scored no row exited 0."""
+    data = tmp_path / "data"
+    responses = bench_fixtures.mmau(data)
+    first = next(iter(responses))
+    mixed = bench_fixtures.write_predictions(tmp_path / "mixed.jsonl", {first: responses[first], "md-0": "Man"})
+    assert run_eval("mmau_test_mini", data, tmp_path / "a", "--predictions", str(mixed)) == 0
+    assert "1 of 2 ids in" in capsys.readouterr().err
+    foreign = bench_fixtures.write_predictions(tmp_path / "foreign.jsonl", {"md-0": "Man", "md-1": "Woman"})
+    assert run_eval("mmau_test_mini", data, tmp_path / "b", "--predictions", str(foreign)) == 1
+    err = capsys.readouterr().err
+    assert "2 of 2 ids in" in err and "(first: 'md-0')" in err and "mmau_test_mini: no row was scored" in err
