@@ -102,6 +102,18 @@ def _counts(args: argparse.Namespace, name: str, *flags: str) -> None:
             raise OmniRLError(f"{name}: {flag} must be >= 1, got {value}")
 
 
+def _check_preprocess(args: argparse.Namespace) -> None:
+    """``preprocess``'s counts >= 1, and a cache that is no file."""
+    _counts(args, "preprocess", "--workers", "--limit")
+    _writable(args.cache, "preprocess --cache", "directory")
+
+
+def _check_collect_demos(args: argparse.Namespace) -> None:
+    """``sim collect-demos``' counts >= 1, and an output that is no directory."""
+    _counts(args, "sim collect-demos", "--episodes", "--num-envs", "--image-size")
+    _writable(args.out, "sim collect-demos --out", "file")
+
+
 def _writable(path: str, flag: str, want: str) -> None:
     """Refuse an output ``path`` (given as ``flag``) that exists as the other kind of
     thing than ``want`` ("file" or "directory"), before any work is done."""
@@ -774,10 +786,7 @@ def _data_convert(args: argparse.Namespace) -> int:
     ),
     arg("--limit", type=int, default=None, metavar="K", help="only the first K valid rows"),
     overrides("--set media.fps=1"),
-    check=lambda args: (
-        _counts(args, "preprocess", "--workers", "--limit"),
-        _writable(args.cache, "preprocess --cache", "directory"),
-    ),
+    check=_check_preprocess,
 )
 def _preprocess(args: argparse.Namespace) -> int:
     from omni_rl.preprocess.pipeline import preprocess
@@ -944,14 +953,14 @@ def _gc_hint(manifest: dict, budgets) -> str:
 def _rewards_check(args: argparse.Namespace) -> int:
     from collections import Counter
 
+    from tqdm import tqdm
+
     from omni_rl.preprocess.rows import read_rows
     from omni_rl.rewards import check_targets
 
     _no_data_without_config(args.config, args.overrides)
     _rewards_config(args)  # registers the config's plug-in scorers
     columns = _data_columns(args)
-    from tqdm import tqdm
-
     rows, failures = read_rows(args.data, columns, args.strict)
     problems = check_targets(tqdm(rows, desc="rewards check", unit="row", leave=False))
     for failure in failures:
@@ -1049,10 +1058,7 @@ def _rewards_score(args: argparse.Namespace) -> int:
         help="ManiSkill tasks: rgb records every step's camera image too (for a pi0 policy)",
     ),
     arg("--image-size", type=int, default=None, metavar="S", help="rgb: the camera image's side (default 64)"),
-    check=lambda args: (
-        _counts(args, "sim collect-demos", "--episodes", "--num-envs", "--image-size"),
-        _writable(args.out, "sim collect-demos --out", "file"),
-    ),
+    check=_check_collect_demos,
 )
 def _sim_collect_demos(args: argparse.Namespace) -> int:
     from omni_rl.runtime import set_threads
