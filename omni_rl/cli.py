@@ -1148,6 +1148,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"omni-rl: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # a path the system refuses (read-only filesystem, a file in the way, no space)
+        if args.debug or err.filename is None:
+            raise
+        print(f"omni-rl: error: {err.filename}: {err.strerror} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("omni-rl: interrupted", file=sys.stderr)
         return 130

@@ -460,3 +460,25 @@ def test_rewards_score_refuses_a_gold_it_cannot_read_and_check_an_empty_file(tmp
     empty.write_text("")
     assert main(["rewards", "check", str(empty)]) == 1
     assert f"{empty}: holds no row" in capsys.readouterr().err
+
+
+def test_a_path_the_system_refuses_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """An output under a file, or on a read-only filesystem, ended in a traceback (and
+    exit 1 from tiny-model's mkdir, 0 from the console script's view of it)."""
+    import errno
+    import os
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    assert main(["tiny-model", "--family", "qwen2_5_vl", "--out", str(blocker / "m")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"omni-rl: error: {blocker / 'm'}: Not a directory (rerun with --debug for the traceback)"]
+
+    def read_only(path, *_, **__):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    assert main(["tiny-model", "--family", "qwen2_5_vl", "--out", str(tmp_path / "m")]) == 1
+    assert f"{tmp_path / 'm'}: Read-only file system" in capsys.readouterr().err
+    with pytest.raises(OSError, match="Read-only"):
+        main(["tiny-model", "--family", "qwen2_5_vl", "--out", str(tmp_path / "m"), "--debug"])
