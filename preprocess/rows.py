@@ -136,6 +136,9 @@ def check_row(raw: object) -> Row | str:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
             return f"'{key}' must be a list of paths, got {given!r:.80}"
         media[key] = tuple(value)
+    heard = raw.get("use_audio_in_video")
+    if heard is not None and not isinstance(heard, bool):
+        return f"'use_audio_in_video' must be true or false, got {heard!r:.80}"
     excess = placeholder_excess(raw["problem"], media)
     if excess:
         return excess

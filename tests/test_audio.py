@@ -384,3 +384,20 @@ def test_a_videos_sound_is_placed_on_the_videos_timeline(tmp_path):
     heard, whole = (decode_medium(kind, early, media)[0]["audio"] for kind in ("video_audio", "audio"))
     assert whole.size - heard.size == pytest.approx(0.3 * 16_000, abs=16)
     assert np.array_equal(heard, whole[-heard.size :])
+
+
+def test_a_rows_use_audio_in_video_must_be_true_or_false(tmp_path):
+    """A row's "use_audio_in_video": "false" (or "no", "0") was read as true, and its
+    videos were heard with their sound."""
+    from omni_rl.preprocess.rows import read_rows
+
+    path = tmp_path / "rows.jsonl"
+    base = {"problem": "<video>\nWhat?", "problem_type": "open_ended", "answer": "a", "videos": ["v.mp4"]}
+    flags = {"yes": True, "no": False, "unset": None, "text": "false", "zero": 0}
+    path.write_text("".join(json.dumps({**base, "id": k, "use_audio_in_video": v}) + "\n" for k, v in flags.items()))
+    rows, failures = read_rows(path)
+    assert [r.id for r in rows] == ["yes", "no", "unset"]
+    assert [(f.id, f.reason) for f in failures] == [
+        ("text", "'use_audio_in_video' must be true or false, got 'false'"),
+        ("zero", "'use_audio_in_video' must be true or false, got 0"),
+    ]
