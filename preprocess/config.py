@@ -39,8 +39,9 @@ class MediaConfig:
     image_max_pixels: int | None = None
     """Largest image area after resizing."""
     max_audio_seconds: float = 30.0
-    """Audio is cut to this length (Whisper-style encoders take 30 s); a clip or a heard
-    video's sound that goes on past it is counted in data/audio_cut, the first logged."""
+    """Audio is cut to this length: 30 s is Qwen2-Audio's window, Qwen2.5-Omni's is
+    300 s (25 audio tokens a second in both); a clip or a heard video's sound that goes
+    on past it is counted in data/audio_cut, the first logged."""
     use_audio_in_video: bool = False
     """Also decode each video's own audio track, heard with its frames (Omni models);
     a row can ask for it alone with ``"use_audio_in_video": true``."""

@@ -104,8 +104,11 @@ def test_sound_longer_than_the_processors_window_is_refused_not_cut(tmp_path):
             features = encode_prompts(processor, [messages], audios=[tone(3.0)])["input_features"]
             assert features.shape[-1] == 300  # 3 s of 10 ms frames, whole
             continue
-        with pytest.raises(OmniRLError, match=r"3\.0 s .*2 s audio window.*media\.max_audio_seconds"):
+        with pytest.raises(OmniRLError, match=r"3 s .*2 s audio window.*media\.max_audio_seconds"):
             encode_prompts(processor, [messages], audios=[tone(3.0)])
+        # a sound just past the window reads longer than it (it read "2.0 s ... 2 s")
+        with pytest.raises(OmniRLError, match=r"a sound of 2\.01 s is longer than .*'s 2 s audio window"):
+            encode_prompts(processor, [messages], audios=[tone(3.0)[:32_160]])
 
 
 def test_a_three_hour_file_is_read_only_up_to_the_budget(tmp_path):

@@ -161,7 +161,7 @@ def encode_prompts(
 
 def _refuse_cut_sound(processor, waves: list, out) -> None:
     """Refuse a sound the processor cut: the Whisper feature extractors of Qwen2-Audio
-    and Qwen2.5-Omni keep their window (30 s in released checkpoints) and drop the rest
+    and Qwen2.5-Omni keep their window (released: 30 s and 300 s) and drop the rest
     without a word; each sound's frames (``feature_attention_mask``, one row a sound)
     must cover it, up to a last part-frame of under one hop (Qwen3-Omni's extractor,
     padding to the longest sound, drops that one: no cut). Processors that take longer
@@ -175,7 +175,7 @@ def _refuse_cut_sound(processor, waves: list, out) -> None:
         if frames < len(wave) // extractor.hop_length:
             window = extractor.n_samples / extractor.sampling_rate
             raise OmniRLError(
-                f"a sound of {len(wave) / AUDIO_SAMPLE_RATE:.1f} s is longer than {type(processor).__name__}'s "
+                f"a sound of {round(len(wave) / AUDIO_SAMPLE_RATE, 3):g} s is longer than {type(processor).__name__}'s "
                 f"{window:g} s audio window (its feature extractor would drop the rest): set "
                 f"media.max_audio_seconds to at most {window:g}"
             )
