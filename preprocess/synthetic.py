@@ -91,7 +91,9 @@ def write_video(
             container.mux(stream.encode(image))
         if sound is not None:
             chunk = av.AudioFrame.from_ndarray(audio.astype(np.float32)[None, :], format="flt", layout="mono")
-            chunk.sample_rate = sample_rate
+            # a timed first frame: the muxer then writes the edit list that hides the
+            # encoder's priming samples (without it the sound is heard 1,024 samples late)
+            chunk.sample_rate, chunk.time_base, chunk.pts = sample_rate, Fraction(1, sample_rate), 0
             container.mux(sound.encode(chunk))
             container.mux(sound.encode(None))
         container.mux(stream.encode(None))

@@ -404,3 +404,15 @@ def test_a_rows_use_audio_in_video_must_be_true_or_false(tmp_path):
         ("text", "'use_audio_in_video' must be true or false, got 'false'"),
         ("zero", "'use_audio_in_video' must be true or false, got 0"),
     ]
+
+
+def test_write_videos_sound_starts_with_its_first_frame(tmp_path):
+    """write_video's AAC track carried the encoder's 1,024 priming samples: the sound
+    of a synthetic clip was heard 64 ms late and 1,024 samples long."""
+    from omni_rl.preprocess.pipeline import decode_medium
+
+    sound = np.concatenate([np.zeros(8_000, np.float32), tone(1.0)])
+    path = write_video(tmp_path / "av.mp4", moving_square("up", 1.5, 10, 64, 64), 10, audio=sound)
+    heard = decode_medium("video_audio", path, budgets("skip"))[0]["audio"]
+    assert onset(heard) == pytest.approx(0.5, abs=0.005)
+    assert 0 <= heard.size - sound.size < 1_024  # the last AAC frame's padding, no more
