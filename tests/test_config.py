@@ -68,6 +68,31 @@ def test_out_of_range_value_names_the_field():
 
 
 @pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("optimizer.betas=[1.5, 0.999]", r"optimizer\.betas: each must be in \[0, 1\)"),
+        ("optimizer.eps=-1", r"optimizer\.eps: must be >= 0"),
+        ("optimizer={type: sgd, momentum: 1.5}", r"optimizer\.momentum: must be in \[0, 1\)"),
+        ("rollout.max_prompt_length=0", r"rollout\.max_prompt_length: must be >= 1"),
+        ("algorithm.max_resample_rounds=-1", r"algorithm\.max_resample_rounds: must be >= 0"),
+        ("model.lora={rank: 8, alpha: 0}", r"model\.lora\.alpha: must be > 0"),
+        ("algorithm.overlong_factor=-2", r"algorithm\.overlong_factor: must be >= 0"),
+        (
+            "algorithm={overlong: penalty, overlong_buffer: 4096}",
+            r"algorithm\.overlong_buffer: 4096 is more than rollout\.max_new_tokens \(256\)",
+        ),
+    ],
+)
+def test_values_out_of_range_are_refused_as_the_config_loads(setting, error):
+    """These loaded, and failed only once the model was built (betas, eps), skipped
+    every prompt (max_prompt_length), made the adapters a no-op (alpha 0), paid an
+    overlong answer (a negative factor) or penalized every completion (a buffer past
+    max_new_tokens, clamped to it without a word)."""
+    with pytest.raises(ConfigError, match=error):
+        load_config(None, [setting], recipe="grpo")
+
+
+@pytest.mark.parametrize(
     "section",
     [
         {"model": {"lora": {"rank": 4}}},

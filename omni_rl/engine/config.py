@@ -134,6 +134,11 @@ class AdamWConfig(OptimizerConfig):
     eps: float = 1e-8
     """Adam's denominator epsilon."""
 
+    def __post_init__(self):
+        super().__post_init__()
+        require(all(0 <= b < 1 for b in self.betas), "betas", "each must be in [0, 1)")
+        require(self.eps >= 0, "eps", "must be >= 0")
+
     def build(self, params: Iterable, device: Any = None) -> Any:
         import torch
 
@@ -158,6 +163,10 @@ class SGDConfig(OptimizerConfig):
 
     momentum: float = 0.9
     """Momentum factor."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
 
     def build(self, params: Iterable, device: Any = None) -> Any:
         import torch

@@ -35,6 +35,7 @@ class LoRAConfig:
 
     def __post_init__(self):
         require(self.rank >= 1, "rank", "must be >= 1")
+        require(self.alpha > 0, "alpha", "must be > 0 (the adapters' update is scaled by alpha / rank)")
         require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)")
 
     def peft_config(self):

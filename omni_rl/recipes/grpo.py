@@ -207,9 +207,8 @@ def _collect(
                 rollouts, scored = _mix_offline(drawn.samples, rollouts, scored, processor, cfg, mixed)
             reward = torch.tensor([r.score for r in scored])
             if algo.overlong == "penalty":
-                buffer = min(algo.overlong_buffer, cfg.rollout.max_new_tokens)
                 reward = reward + overlong_penalty(
-                    rollouts.lengths.cpu(), cfg.rollout.max_new_tokens, buffer, algo.overlong_factor
+                    rollouts.lengths.cpu(), cfg.rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_factor
                 )
         # the groups in draw order until this rank is full: what it drew past that (every
         # rank draws the largest shortfall) only kept it in step, and counts nowhere

@@ -100,6 +100,8 @@ class AlgorithmConfig:
         require(self.epochs >= 1, "epochs", "must be >= 1")
         require(self.mini_batch_prompts >= 0, "mini_batch_prompts", "must be >= 0")
         require(self.overlong_buffer >= 1, "overlong_buffer", "must be >= 1")
+        require(self.overlong_factor >= 0, "overlong_factor", "must be >= 0 (a penalty)")
+        require(self.max_resample_rounds >= 0, "max_resample_rounds", "must be >= 0")
         require(self.rollout_correction_cap > 1, "rollout_correction_cap", "must be > 1")
         if self.offline_responses == "below":
             below = self.offline_below
@@ -155,6 +157,13 @@ class GRPOConfig:
 
     def __post_init__(self):
         check_eval(self.data, self.trainer)
+        algo, longest = self.algorithm, self.rollout.max_new_tokens
+        require(
+            algo.overlong != "penalty" or algo.overlong_buffer <= longest,
+            "algorithm.overlong_buffer",
+            f"{algo.overlong_buffer} is more than rollout.max_new_tokens ({longest}): the penalty's ramp would "
+            "start before the first token and penalize every completion",
+        )
         require(
             not (self.media.use_audio_in_video and self.rollout.engine == "vllm"),
             "media.use_audio_in_video",

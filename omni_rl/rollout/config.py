@@ -97,6 +97,7 @@ class RolloutConfig:
         require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         require(self.top_k >= 0, "top_k", "must be >= 0 (0 disables)")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        require(self.max_prompt_length >= 1, "max_prompt_length", "must be >= 1")
         if self.engine == "vllm":
             require(
                 self.staleness == 0,
