@@ -388,3 +388,20 @@ def test_grpo_without_data_train_fails_before_training_starts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"omni-rl: error: {path}: missing inputs: data.train: unset: must name a file" in err
     assert not (tmp_path / "run").exists()  # found before the run made its output_dir
+
+
+def test_freezing_a_vision_tower_that_is_not_there_is_refused(tmp_path):
+    """model.freeze_vision_tower froze nothing on an audio model (no parameter named
+    'visual') and nothing more under LoRA (the adapters train the language model only,
+    the rest frozen already), without a word."""
+    from omni_rl.models import build_tiny, load
+    from omni_rl.recipes.common import freeze_vision_tower
+
+    with pytest.raises(ConfigError, match=r"model\.freeze_vision_tower: does nothing with model\.lora"):
+        load_config(None, ["model.freeze_vision_tower=true", "model.lora={rank: 4}"], recipe="grpo")
+    model, _ = load(build_tiny("qwen2_audio", tmp_path / "audio", audio_seconds=2))
+    with pytest.raises(OmniRLError, match=r"model\.freeze_vision_tower: .*Qwen2AudioForConditionalGeneration has no"):
+        freeze_vision_tower(model)
+    model, _ = load(build_tiny("qwen2_5_vl", tmp_path / "vl"))
+    frozen = freeze_vision_tower(model)
+    assert frozen > 0 and frozen == sum(not p.requires_grad for p in model.parameters())

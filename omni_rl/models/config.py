@@ -65,7 +65,8 @@ class ModelConfig:
     """Audio window of that tiny model, for audio families (released checkpoints: 30 s;
     a shorter window makes CPU runs on short clips cheaper)."""
     freeze_vision_tower: bool = False
-    """Keep the vision encoder's weights fixed."""
+    """Keep the vision encoder's weights fixed (refused for a model without one, and
+    with ``lora``, whose adapters train the language model alone)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (the group forward then
     recomputes the shared prompt prefix per mini-batch)."""
@@ -82,6 +83,11 @@ class ModelConfig:
         require_family(self.tiny_family, "tiny_family")
         require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")
         require(self.tiny_audio_seconds >= 1, "tiny_audio_seconds", "must be >= 1")
+        require(
+            not (self.freeze_vision_tower and self.lora is not None),
+            "freeze_vision_tower",
+            "does nothing with model.lora: the adapters train the language model alone, every other weight frozen",
+        )
 
 
 @dataclass

@@ -158,6 +158,22 @@ def finish_run(run: Run, step: int, datasets: dict, row: dict, results: dict | N
     return summary
 
 
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Fix the vision encoder's weights (the parameters named ``visual``); how many
+    tensors it froze. A model without one is refused: the setting would do nothing."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if "visual" in name:
+            param.requires_grad_(False)
+            frozen += 1
+    if not frozen:
+        raise OmniRLError(
+            f"model.freeze_vision_tower: {type(model).__name__} has no vision tower (no parameter named 'visual'); "
+            "remove the setting"
+        )
+    return frozen
+
+
 def setup_model(cfg, run: Run, with_reference: bool = False):
     """The trainable model (in the dtype its precision keeps master weights in) and its
     processor, plus a frozen reference copy when asked (and not using LoRA, whose
@@ -192,9 +208,7 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
         _log.info("loading %s on %d process(es): %s", base, run.ranks.world_size, how)
     model, processor = load(base, device=run.device, dtype=load_dtype(precision), empty=empty)
     if cfg.model.freeze_vision_tower:
-        for name, param in model.named_parameters():
-            if "visual" in name:
-                param.requires_grad_(False)
+        freeze_vision_tower(model)
     lora = cfg.model.lora
     if lora is not None:
         from peft import get_peft_model
