@@ -36,7 +36,8 @@ class EvalSetConfig:
     0: all."""
     batch_prompts: int = 8
     """Prompts answered together; each rank prefills them at once (a 7B model on long
-    videos wants 1 or 2: one 64-frame prompt is about 12k tokens)."""
+    videos wants 1 or 2: a prompt of the 7B configs' 128 frames, 64 temporal patches,
+    is about 20k tokens)."""
 
     def __post_init__(self):
         require(bool(self.data), "data", "name the rows file or the benchmark's directory")
