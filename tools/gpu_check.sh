@@ -145,8 +145,9 @@ print(f"gpus={sys.argv[2]} steps={len(rows)} s/step={step:.2f} (rollout {statist
       f"update {statistics.median(r['time/update'] for r in steady):.2f}) rollout tokens/s={tokens:.0f} "
       f"peak memory per GPU: allocated {peak:.1f} GiB, reserved {reserved:.1f} GiB")
 PYEOF
-echo "gpu_check: the peak traced on fake tensors for the same config and world (tools/trace_memory.py; at the"
-echo "  media budgets' largest prompt and full-length completions, so at or above the measured peak)"
+echo "gpu_check: the peak traced on fake tensors for the same config and world (tools/trace_memory.py; a 16:9"
+echo "  video of the media budgets' most frames, longer than the check's 8-second clips, and full-length"
+echo "  completions, so at or above the measured peak)"
 "$PY" tools/trace_memory.py configs/gpu_check_grpo_3b.yaml --world "$GPUS" --set model.path="$WORK/model" "${one[@]}" \
   --checks warn | tail -n 1 | sed 's/^/gpu_check traced: /'
 if [ "$GPUS" -ge 2 ]; then

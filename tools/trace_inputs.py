@@ -1,7 +1,7 @@
 """The model and its inputs of a traced GRPO step (``tools/trace_memory.py``): the
 architecture from a config.json, the model loaded by the recipe's own code with only
-the weight reads answered under fake tensors, and the longest prompt the media budgets
-admit."""
+the weight reads answered under fake tensors, and a 16:9 video prompt at the media
+budgets' most frames."""
 
 from __future__ import annotations
 
@@ -144,9 +144,9 @@ def filled(fake_mode):
 
 
 def prompt(cfg, arch: Architecture, prompt_tokens: int | None) -> tuple:
-    """The sample and its encoded prompt (real CPU tensors) the config's media budgets admit at their
-    largest: ``media.max_frames`` frames of a 1280x720 video resized under the pixel
-    budgets, or ``media.max_audio_seconds`` of audio, and a question in the config's
+    """The sample and its encoded prompt (real CPU tensors): ``media.max_frames`` frames of
+    a 1280x720 video resized under the pixel budgets (a square or wider-than-16:9 clip
+    would give up to 6% more tokens), or ``media.max_audio_seconds`` of audio, and a question in the config's
     template; with ``prompt_tokens``, the question is padded to that many tokens in all."""
     from omni_rl.data.dataset import Sample, build_messages, encode_sample, render_prompt
     from omni_rl.preprocess.pipeline import Budgets

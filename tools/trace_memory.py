@@ -16,8 +16,9 @@ prefill's activations held through them where GRPO's update reads that prefill,
 ``rollout.reuse_prefill``: one process without checkpointing), and
 ``omni_rl.recipes.grpo._update`` with every completion ``rollout.max_new_tokens`` long
 (old and reference log-probs where needed, each micro-batch's forward and backward,
-each optimizer step). The prompt is the longest the media budgets admit (``prompt``), or
-``--prompt-tokens``; a rank's later prompts are a token shorter, so its batch is padded.
+each optimizer step). The prompt is a 16:9 video of the media budgets' most frames
+(``prompt``; other aspect ratios under the same budgets give up to 6% more video
+tokens), or ``--prompt-tokens``; a rank's later prompts are a token shorter, so its batch is padded.
 Rank 0 stands for every rank: collectives answer as if all ranks held its values.
 
 The small tensors a forward steers by keep their values (``fake_values``). Memory is
