@@ -45,7 +45,7 @@ demo-audio: setup
 demo-sim: setup
 	$(BIN)/omni-rl quickstart --sim
 
-# A tiny pi_0 reaching the target an instruction names in a camera image: demos, BC, Flow-Noise PPO (3 seeds, about 35 minutes).
+# A tiny pi_0 reaching the target an instruction names in a camera image: demos, BC, Flow-Noise PPO (3 seeds, about 15 minutes).
 demo-vla: setup
 	$(BIN)/omni-rl quickstart --vla
 
