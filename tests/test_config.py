@@ -405,3 +405,14 @@ def test_freezing_a_vision_tower_that_is_not_there_is_refused(tmp_path):
     model, _ = load(build_tiny("qwen2_5_vl", tmp_path / "vl"))
     frozen = freeze_vision_tower(model)
     assert frozen > 0 and frozen == sum(not p.requires_grad for p in model.parameters())
+
+
+def test_tiny_model_settings_beside_a_checkpoint_path_are_refused():
+    """model.tiny_family, tiny_width and tiny_audio_seconds were taken beside
+    model.path and did nothing: the checkpoint is loaded, no tiny model built."""
+    with pytest.raises(ConfigError, match=r"model\.tiny_width: does nothing under model\.path"):
+        load_config(None, ["model.path=ckpt", "model.tiny_width=4096"], recipe="grpo")
+    with pytest.raises(ConfigError, match=r"model\.tiny_family: does nothing under model\.path.*tiny_audio_seconds"):
+        load_config(None, ["model.path=p", "model.tiny_family=qwen2_audio", "model.tiny_audio_seconds=2"], recipe="sft")
+    tiny = load_config(None, ["model.tiny_width=128"], recipe="grpo").model
+    assert (tiny.family(), tiny.setting("tiny_width"), tiny.setting("tiny_audio_seconds")) == ("qwen2_5_vl", 128, 30)

@@ -62,15 +62,16 @@ def architecture(cfg, model_config: Path | None, work: Path) -> Architecture:
 
     if not cfg.model.path and model_config is None:
         out = build_tiny(
-            cfg.model.tiny_family,
+            cfg.model.setting("tiny_family"),
             work / "tiny_model",
             seed=cfg.run.seed,
-            width=cfg.model.tiny_width,
-            audio_seconds=cfg.model.tiny_audio_seconds,
+            width=cfg.model.setting("tiny_width"),
+            audio_seconds=cfg.model.setting("tiny_audio_seconds"),
         )
         config = AutoConfig.from_pretrained(out, local_files_only=True)
         processor = AutoProcessor.from_pretrained(out, local_files_only=True)
-        return Architecture(config, family_of(out), processor, f"tiny {cfg.model.tiny_family} (built here)", out)
+        name = cfg.model.setting("tiny_family")
+        return Architecture(config, family_of(out), processor, f"tiny {name} (built here)", out)
     raw, model_config = model_json(cfg.model.path, model_config)
     family = FAMILIES.get(raw["model_type"])
     tokenizer = build_tokenizer(family.tokens)
@@ -98,7 +99,9 @@ def load_models(cfg, trainer, arch: Architecture, device: torch.device, fake_mod
     from omni_rl.engine.distributed import Ranks
     from omni_rl.recipes.common import Run, setup_model
 
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(arch.path)), trainer=trainer)
+    # the architecture's directory stands for the checkpoint (a tiny model's settings built it)
+    unset = dict.fromkeys(cfg.model.UNSET)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(arch.path), **unset), trainer=trainer)
     run = Run(arch.path, Ranks(0, world, 0), device, None)
 
     built = []

@@ -53,11 +53,11 @@ def _setup_model(cfg: DemoConfig, out: Path):
         path = Path(cfg.model.path)
     else:
         path = build_tiny(
-            cfg.model.tiny_family,
+            cfg.model.setting("tiny_family"),
             out / "tiny_model",
             cfg.run.seed,
-            width=cfg.model.tiny_width,
-            audio_seconds=cfg.model.tiny_audio_seconds,
+            width=cfg.model.setting("tiny_width"),
+            audio_seconds=cfg.model.setting("tiny_audio_seconds"),
         )
     family = family_of(path)
     if "video" not in family.modalities:

@@ -128,7 +128,8 @@ def _filled(cfg, recipe_cfg, run_dir: Path, rows: Path, model_path: str | None =
     filled in: its run and media, the tiny model (or ``model_path``; ``tiny``: more
     ``model.tiny_*`` settings), the rows and cache, and ``heldout`` (rows) as its
     evaluation set (``trainer.eval_every`` sets how often)."""
-    model = replace(recipe_cfg.model, path=model_path, tiny_family=cfg.media.family, tiny_width=cfg.model.width, **tiny)
+    tiny = {"tiny_family": cfg.media.family, "tiny_width": cfg.model.width, **tiny} if model_path is None else {}
+    model = replace(recipe_cfg.model, path=model_path, **tiny)
     cache = str(Path(cfg.run.output_dir) / "cache")
     data = replace(recipe_cfg.data, train=str(rows), cache=cache, prompt_template=cfg.data.prompt_template)
     if heldout is not None:

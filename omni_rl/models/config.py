@@ -4,8 +4,9 @@ are decoded (``generation:``, the demo's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from omni_rl.config import require
+from omni_rl.config import ModeDefaults, require, require_unset
 from omni_rl.registry import did_you_mean
 
 
@@ -52,17 +53,20 @@ class LoRAConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(ModeDefaults):
     """Which checkpoint to load and which of its parameters train."""
+
+    UNSET: ClassVar[dict[str, Any]] = {"tiny_family": "qwen2_5_vl", "tiny_width": 64, "tiny_audio_seconds": 30}
 
     path: str | None = None
     """A local Hugging Face checkpoint directory; unset builds a tiny model."""
-    tiny_family: str = "qwen2_5_vl"
-    """Family of the tiny model built when ``path`` is unset."""
-    tiny_width: int = 64
-    """Decoder width of that tiny model (a multiple of 32; 64: ~0.2 M params, 128: ~0.6 M)."""
-    tiny_audio_seconds: int = 30
-    """Audio window of that tiny model, for audio families (released checkpoints: 30 s;
+    tiny_family: str | None = None
+    """Family of the tiny model built when ``path`` is unset (unset: qwen2_5_vl)."""
+    tiny_width: int | None = None
+    """Decoder width of that tiny model (a multiple of 32; unset: 64, ~0.2 M params;
+    128: ~0.6 M)."""
+    tiny_audio_seconds: int | None = None
+    """Audio window of that tiny model, for audio families (unset: 30 s, Qwen2-Audio's;
     a shorter window makes CPU runs on short clips cheaper)."""
     freeze_vision_tower: bool = False
     """Keep the vision encoder's weights fixed (refused for a model without one, and
@@ -77,12 +81,16 @@ class ModelConfig:
         """The family of the model this section loads: ``path``'s, else ``tiny_family``."""
         from omni_rl.models import family_of
 
-        return family_of(self.path).name if self.path else self.tiny_family
+        return family_of(self.path).name if self.path else self.setting("tiny_family")
 
     def __post_init__(self):
-        require_family(self.tiny_family, "tiny_family")
-        require(self.tiny_width >= 32 and self.tiny_width % 32 == 0, "tiny_width", "must be a multiple of 32")
-        require(self.tiny_audio_seconds >= 1, "tiny_audio_seconds", "must be >= 1")
+        tiny = {name: getattr(self, name) for name in self.UNSET}
+        if self.path:
+            require_unset(tiny, "model.path (the checkpoint is loaded; no tiny model is built)")
+        require_family(self.setting("tiny_family"), "tiny_family")
+        width = self.setting("tiny_width")
+        require(width >= 32 and width % 32 == 0, "tiny_width", "must be a multiple of 32")
+        require(self.setting("tiny_audio_seconds") >= 1, "tiny_audio_seconds", "must be >= 1")
         require(
             not (self.freeze_vision_tower and self.lora is not None),
             "freeze_vision_tower",

@@ -186,11 +186,11 @@ def setup_model(cfg, run: Run, with_reference: bool = False):
     base = model_dir(cfg, run.out)
     if not cfg.model.path and run.ranks.is_main and not (base / "config.json").is_file():
         build_tiny(
-            cfg.model.tiny_family,
+            cfg.model.setting("tiny_family"),
             base,
             seed=cfg.run.seed,
-            width=cfg.model.tiny_width,
-            audio_seconds=cfg.model.tiny_audio_seconds,
+            width=cfg.model.setting("tiny_width"),
+            audio_seconds=cfg.model.setting("tiny_audio_seconds"),
         )
     distributed.barrier()
     # FSDP2 on several processes: built on the meta device, sharded by the engine, then
