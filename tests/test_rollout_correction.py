@@ -93,6 +93,17 @@ def test_stop_tokens_include_the_generation_configs_end_tokens(tiny_checkpoint):
     assert stop_token_ids(processor, model) == sorted({tokenizer.eos_token_id, tokenizer.pad_token_id, 7})
 
 
+def test_the_rollout_stops_where_sft_ends_an_answer(tiny_checkpoint):
+    """With the tokenizer's end and the generation config's naming <|endoftext|> alone
+    (released Qwen2-Audio's tokenizer does), a completion ran on past the <|im_end|>
+    that SFT and offline answers end with: into a next turn, which the reward read."""
+    model, processor = load(tiny_checkpoint("qwen2_audio"))
+    tokenizer = processor.tokenizer
+    tokenizer.eos_token = "<|endoftext|>"
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stop_token_ids(processor, model)
+
+
 # ---------------------------------------------------- the processed distribution
 
 

@@ -42,7 +42,7 @@ from omni_rl.engine import distributed, gathering
 from omni_rl.errors import OmniRLError
 from omni_rl.models import placeholder_token_ids
 from omni_rl.models.forward import Prefix, prefill, tail_positions
-from omni_rl.models.inputs import collate_prompts
+from omni_rl.models.inputs import answer_end, collate_prompts
 from omni_rl.models.shared_prefix import ReadPrefix, decoder_config
 
 _log = logging.getLogger(__name__)
@@ -140,11 +140,15 @@ def completion_seeds(prompt_seeds: list[int], n: int, device) -> torch.Tensor:
 
 
 def stop_token_ids(processor, model: torch.nn.Module) -> list[int]:
-    """The tokens that end a completion: the tokenizer's end and pad tokens and the
+    """The tokens that end a completion: the tokenizer's end and pad tokens, the token
+    the chat template ends an answer with (``answer_end``: what SFT and offline answers
+    end with, ``<|im_end|>`` where the tokenizer's end is ``<|endoftext|>``) and the
     checkpoint's generation-config end tokens (vLLM stops at those too, whatever
     sampling parameters it is given), so both engines stop alike."""
     tokenizer = processor.tokenizer
     ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    end = tokenizer(answer_end(processor), add_special_tokens=False)["input_ids"]
+    ids |= set(end) if len(end) == 1 else set()  # a stop is one token
     config = getattr(model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None)
     ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
