@@ -441,3 +441,23 @@ def test_a_bad_row_found_on_two_ranks_counts_once(tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "sum_counts", lambda counts: {k: v + theirs.get(k, 0) for k, v in counts.items()})
     assert here.cache_metrics()["skipped/bad_rows"] == 1
     assert here.run_metrics()["skipped/bad_rows"] == 2
+
+
+def test_options_written_with_their_letters_are_lettered_once():
+    """Options given as "A. chair", "B. table" (raw Video-R1 or LLaVA-Video style rows)
+    became "A. A. chair" in the prompt, where the scorer and data convert drop the
+    labels; options that only look labelled keep their text, and {option_list} (R1-AQA's
+    Python list) shows them as given."""
+    from omni_rl.data.dataset import render_prompt
+    from omni_rl.preprocess.rows import check_row
+
+    def prompt(options, template="{problem}{options}"):
+        row = check_row(
+            {"id": "r", "problem": "Which?", "problem_type": "multiple_choice", "answer": "B", "options": options}
+        )
+        return render_prompt(template, row)
+
+    assert prompt(["A. chair", "B. table", "C. lamp"]) == "Which?\nOptions:\nA. chair\nB. table\nC. lamp"
+    assert prompt(["(A) chair", "(B) table"]) == "Which?\nOptions:\nA. chair\nB. table"
+    assert prompt(["(A) chair", "(B) table"], "{option_list}") == "['(A) chair', '(B) table']"  # as given
+    assert prompt(["F. Scott Fitzgerald", "B. Shaw"]) == "Which?\nOptions:\nA. F. Scott Fitzgerald\nB. B. Shaw"

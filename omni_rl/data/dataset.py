@@ -42,6 +42,7 @@ from omni_rl.preprocess.pipeline import Budgets, decode_medium, medium_key, row_
 from omni_rl.preprocess.rows import PLACEHOLDER, Row, read_failures, read_rows
 from omni_rl.preprocess.video import VideoClip
 from omni_rl.rewards import check_targets
+from omni_rl.rewards.choice import option_texts
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,12 @@ DEFAULT_TEMPLATE = "{problem}{options}"
 
 def render_prompt(template: str, row: Row) -> str:
     """The question text: ``template`` filled with the row's fields; ``{options}``
-    becomes a lettered list ("\\nOptions:\\nA. left\\nB. right") or nothing, and
-    ``{option_list}`` the options as a Python list ("['left', 'right']", R1-AQA's form)."""
+    becomes a lettered list ("\\nOptions:\\nA. left\\nB. right", options written with
+    their own letters lettered once, as the scorer reads them) or nothing, and
+    ``{option_list}`` the options as given, a Python list ("['left', 'right']", R1-AQA's
+    form)."""
     options = row.fields.get("options") or []
-    listed = "".join(f"\n{chr(65 + i)}. {option}" for i, option in enumerate(options))
+    listed = "".join(f"\n{chr(65 + i)}. {option}" for i, option in enumerate(option_texts(options)))
     values = {
         **row.fields,
         "problem": row.problem,
