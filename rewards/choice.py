@@ -358,6 +358,11 @@ def gold_letter(target: Target) -> str:
 
 
 def _validate_choice(target: Target) -> None:
+    count = len(target.options or [])
+    if count > len(LETTERS):
+        raise ValueError(
+            f"multiple_choice reads the option letters A to {LETTERS[-1]}: {count} options are more than {len(LETTERS)}"
+        )
     gold_letter(target)
 
 

@@ -105,3 +105,21 @@ def test_rewards_score_prints_the_verdict_of_each_style(
     assert main([*args, *(["--options", *options] if options else [])]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["accuracy"], printed["details"]["predicted"]) == (accuracy, predicted)
+
+
+def test_a_multiple_choice_row_with_more_options_than_letters_is_refused():
+    """A 12-option row loaded; its prompt offered K and L, which the scorer cannot read
+    (format 0 for naming a real option, and 0 for its text through a caught IndexError)."""
+    from omni_rl.preprocess.rows import check_row
+    from omni_rl.rewards import check_targets
+
+    def row(count):
+        options = [f"opt{i}" for i in range(count)]
+        return check_row(
+            {"id": f"r{count}", "problem": "?", "problem_type": "multiple_choice", "answer": "B", "options": options}
+        )
+
+    problems = check_targets([row(10), row(12)])
+    assert [(p.id, p.reason) for p in problems] == [
+        ("r12", "multiple_choice reads the option letters A to J: 12 options are more than 10")
+    ]
