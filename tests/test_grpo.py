@@ -1037,3 +1037,28 @@ def test_an_offline_answer_ends_as_the_chat_template_ends_an_answer(tiny_checkpo
     rollouts, _ = grpo._mix_offline([sample], sampled, scored, processor, cfg, mixed)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert int(rollouts.completion_ids[1, rollouts.lengths[1] - 1]) == end
+
+
+def test_a_finished_run_resumed_keeps_its_summary(tmp_path, shapes):
+    """Resuming a run that had reached trainer.steps ran no step and wrote summary.json
+    with last_metrics {} (the flow recipe kept the last logged row)."""
+    config = load_config(tiny_config(tmp_path, shapes, algorithm={"epochs": 1}, trainer={"steps": 1}))
+    final = grpo.train(config)
+    summary = tmp_path / "run" / "summary.json"
+    before = json.loads(summary.read_text())["last_metrics"]
+    assert before and before["step"] == 1
+    assert grpo.train(config, resume="auto")["step"] == 1
+    assert json.loads(summary.read_text())["last_metrics"] == before == json.loads(json.dumps(final))
+
+
+def test_a_row_logged_for_an_evaluation_has_the_entropy(tmp_path, shapes):
+    """A step off the logging schedule logs its row when it evaluates; the entropy was
+    left out of it (computed only on scheduled logging steps)."""
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(shapes.read_text().splitlines(keepends=True)[:2]))
+    sections = {"algorithm": {"epochs": 1}, "trainer": {"steps": 2, "log_every": 2, "eval_every": 1, "save_every": 0}}
+    config = load_config(tiny_config(tmp_path, shapes, **sections), [f"data.eval=[{{data: {held}}}]"])
+    grpo.train(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all("eval/held/accuracy" in r for r in rows)
+    assert ["actor/entropy" in r for r in rows] == [True, True]

@@ -407,3 +407,21 @@ def test_an_sft_target_ends_as_the_chat_template_ends_an_answer(shapes, tiny_che
     encoded = sft._encode(dataset, PromptSampler(len(dataset), 0), 2, processor, cfg, Balance(None), None, skipped)
     end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert [target[-1] for _, target in encoded] == [end, end]
+
+
+def test_a_finished_sft_run_resumed_keeps_its_summary(tmp_path):
+    """As GRPO's: a resume of a finished run wrote last_metrics {} into summary.json."""
+    import json
+
+    from omni_rl.preprocess.scenes import write_video_qa
+    from omni_rl.recipes import sft
+
+    shapes = write_video_qa(tmp_path / "shapes", videos=2, seed=0, seconds=1.0)
+    overrides = [f"data.train={shapes}", f"run.output_dir={tmp_path / 'run'}", "trainer.steps=1"]
+    config = load_config(None, overrides, recipe="sft")
+    sft.train(config)
+    summary = tmp_path / "run" / "summary.json"
+    before = json.loads(summary.read_text())["last_metrics"]
+    assert before and before["step"] == 1
+    sft.train(config, resume="auto")
+    assert json.loads(summary.read_text())["last_metrics"] == before

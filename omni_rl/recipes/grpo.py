@@ -505,7 +505,8 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
             advantages = _advantages(rewards, batch.filler, cfg).to(run.device)
         # UPDATE: mini-batches of prompts, several epochs, against stored old log-probs
         with timer("update"):
-            logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps)
+            # the rows written: the schedule's, the last, and those an evaluation logs
+            logged = log.due(step + 1, force=step + 1 == cfg.trainer.steps or heldout.due(step + 1))
             update = _update(engine, reference, batch, rollouts, mask, advantages, pad, cfg, logged, kept)
             if algo.kl_coef > 0 and algo.kl_in_reward:
                 total, tokens = distributed.all_sum(reward_kl)
@@ -559,8 +560,9 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # CHECKPOINT
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
+    row = row or last_row(run.out)  # a finished run resumed runs no step
     finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
-    return row or last_row(run.out)
+    return row
 
 
 def observe_in_draw_order(sampler, sources: list, magnitudes: list, drawn: list, filtered: list) -> None:

@@ -217,5 +217,6 @@ def train(cfg: SFTConfig, resume: str | None = None) -> dict:
         bar.set_postfix(loss=f"{row['loss/sft']:.3f}")
         save_if_due(cfg, run, step + 1, engine, processor, {"sampler": sampler.state_dict()})
     log.close()
+    row = row or last_row(run.out)  # a finished run resumed runs no step
     finish_run(run, cfg.trainer.steps, {"train": dataset, **heldout.datasets()}, row)
-    return row or last_row(run.out)
+    return row
