@@ -19,7 +19,6 @@ DEFAULT_KEYS = (
     "env/success_once",
     "env/return",
     "eval/success",
-    "loss/policy",
     "loss/value",
     "policy/noise_std",
     "throughput/env_steps_per_s",

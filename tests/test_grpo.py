@@ -615,7 +615,9 @@ def test_eval_sets_run_every_n_steps_and_keep_the_best(tmp_path, shapes):
     scores = [evaluated[s]["eval/held/accuracy"] for s in (2, 4)]
     assert best["value"] == max(scores) and best["step"] == (2 if scores[0] >= scores[1] else 4)
     assert (run / "best" / "model" / "config.json").is_file()
-    assert {p.name for p in plot_metrics(run)} >= {"eval_held_accuracy.png", "eval_mvbench_accuracy.png"}
+    plots = [p.name for p in plot_metrics(run)]
+    assert set(plots) >= {"eval_held_accuracy.png", "eval_mvbench_accuracy.png", "loss_policy.png"}
+    assert len(plots) == len(set(plots))  # loss/policy was drawn twice
 
 
 class _LogProbs(torch.nn.Module):
