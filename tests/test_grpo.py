@@ -806,6 +806,9 @@ def test_an_offline_answer_joins_its_group_and_the_loss_adds_up(tmp_path, shapes
         assert stats["rollout/logp_abs_diff"] < 1e-4 and stats["rollout/tis_capped_fraction"] == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["offline/groups_share"], r["offline/reward_mean"]) for r in rows] == [(1.0, 1.0)] * 2
+    # the policy's scores are its own samples' (every one wrong): the offline answers' 1s
+    # made them 0.25
+    assert [(r["accuracy/mean"], r["reward/mean"]) for r in rows] == [(0.0, 0.0)] * 2
 
 
 def test_offline_answers_replace_completions_cut_to_the_limit():

@@ -525,12 +525,16 @@ def train(cfg: GRPOConfig, resume: str | None = None) -> dict:
         # counting |A| = 0 for each of its completions
         magnitudes = [] if batch.filler else advantages.abs().tolist()
         drawn = [] if batch.filler else [number for number in batch.numbers for _ in range(n)]
-        everything = distributed.gather_objects(list(zip(results, types, sources, magnitudes, drawn, strict=True)))
-        columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], [], []]
-        every_result, every_type, every_source, every_magnitude, every_drawn = columns
+        sampled = [] if batch.filler else (~rollouts.replaced).tolist()  # not an offline answer
+        columns = list(zip(results, types, sources, magnitudes, drawn, sampled, strict=True))
+        everything = distributed.gather_objects(columns)
+        columns = [list(x) for x in zip(*everything, strict=True)] or [[], [], [], [], [], []]
+        every_result, _, every_source, every_magnitude, every_drawn, _ = columns
         every_filtered = distributed.gather_objects(collected.filtered)
         observe_in_draw_order(sampler, every_source, every_magnitude, every_drawn, every_filtered)
-        scores = reward_metrics(every_result, every_type, every_source) if everything else {}
+        # the policy's own answers (result, type, source): offline ones have offline/reward_mean
+        own = [column[:3] for column in everything if column[5]]
+        scores = reward_metrics(*map(list, zip(*own, strict=True))) if own else {}
         skipped = _skipped_metrics(collected.skipped)
         report = collected.report
         row = {
