@@ -101,8 +101,9 @@ def reduce_logprob(elementwise: torch.Tensor, mask: torch.Tensor, mode: str) -> 
     """A chunk's log-prob from per-element ones over the executed actions and real
     action dims (``mask``: [H, D] or [N, H, D], 1 where counted).
 
-    mode 'sum' gives the chain's likelihood; 'mean' averages it per counted element
-    (RLinf's choice, which rescales the PPO ratio)."""
+    mode 'sum' gives the chain's likelihood; 'mean' averages it per counted element,
+    which divides the PPO ratio's log by their count (the steps of the chain are summed
+    either way)."""
     mask = mask.to(elementwise.dtype).expand_as(elementwise)
     total = (elementwise * mask).sum(dim=(1, 2))
     if mode == "sum":
