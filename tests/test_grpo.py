@@ -36,7 +36,7 @@ def tiny_config(tmp_path: Path, train: Path, **sections) -> Path:
     config = {
         "recipe": "grpo",
         "run": {"output_dir": str(tmp_path / "run"), "seed": 0, "threads": 2},
-        "model": {"tiny_family": "qwen2_5_vl"},
+        "model": {},  # unset path: a tiny qwen2_5_vl
         "data": {"train": str(train), "prompts_per_step": 2},
         "media": {
             "family": "qwen2_5_vl",
