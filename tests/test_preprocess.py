@@ -107,6 +107,58 @@ def test_rgba_images_are_composited_on_white(tmp_path):
     assert read_image(path).pixels.min() == 255
 
 
+def test_every_transparent_mode_is_composited_on_white(tmp_path):
+    """Grey with alpha (LA), and palette images with a transparent entry (what PNG
+    optimisers and GIFs write), lost their alpha in the RGB conversion: black strokes
+    on a clear background became an all-black image."""
+    grey = Image.fromarray(np.zeros((56, 56, 2), dtype=np.uint8), "LA")
+    grey.save(tmp_path / "la.png")
+    palette = Image.new("P", (56, 56), 0)
+    palette.putpalette([0, 0, 0, 200, 0, 0])
+    palette.save(tmp_path / "p.png", transparency=0)
+    palette.save(tmp_path / "p.gif", transparency=0)
+    for name in ("la.png", "p.png", "p.gif"):
+        assert read_image(tmp_path / name).pixels.min() == 255, name
+
+
+def test_sixteen_bit_grey_is_scaled_to_eight_bits_and_wider_samples_are_refused(tmp_path):
+    """A 16-bit grey PNG (mode I;16) was clipped to 255: mid-grey 32768 read white. A
+    32-bit integer or float image has no range to scale by: refused, naming the file."""
+    for value, grey in ((0, 0), (257, 1), (32768, 128), (65535, 255)):
+        Image.fromarray(np.full((56, 56), value, np.uint16)).save(tmp_path / "grey16.png")
+        assert Image.open(tmp_path / "grey16.png").mode == "I;16"
+        assert (read_image(tmp_path / "grey16.png").pixels == grey).all(), value
+    Image.fromarray(np.full((56, 56), 0.5, np.float32)).save(tmp_path / "float.tif")
+    with pytest.raises(OmniRLError, match=r"float\.tif: an image of 32-bit samples \(mode F\)"):
+        read_image(tmp_path / "float.tif")
+
+
+def test_a_file_pillow_fails_on_in_any_way_is_a_clear_error(tmp_path, monkeypatch):
+    """An image over Pillow's pixel limit (DecompressionBombError) or with a broken PNG
+    chunk (SyntaxError) escaped as itself: a no-cache run stopped instead of skipping
+    the row."""
+    import zlib
+
+    path = write_image(tmp_path / "big.png", (np.arange(200 * 200 * 3) % 251).astype(np.uint8).reshape(200, 200, 3))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 40,000 pixels: over twice the limit
+    with pytest.raises(OmniRLError, match=r"big\.png: cannot decode image \(.*exceeds limit"):
+        read_image(path)
+    monkeypatch.undo()
+    # the pixel data in two chunks, the second's type bytes not letters
+    data = path.read_bytes()
+    start = data.index(b"IDAT") - 4
+    size = int.from_bytes(data[start : start + 4], "big")
+    pixels, half = data[start + 8 : start + 8 + size], size // 2
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+    broken = chunk(b"IDAT", pixels[:half]) + chunk(b"\x00\x01\x02\x03", pixels[half:])
+    (tmp_path / "broken.png").write_bytes(data[:start] + broken + data[start + 12 + size :])
+    with pytest.raises(OmniRLError, match=r"broken\.png: cannot decode image \(broken PNG file"):
+        read_image(tmp_path / "broken.png")
+
+
 @pytest.mark.parametrize(("seconds", "rate", "channels"), [(1.0, 44_100, 2), (0.1, 16_000, 1), (3.0, 8_000, 1)])
 def test_audio_is_mono_16k_float32(tmp_path, seconds, rate, channels):
     path = write_wav(tmp_path / "t.wav", tone(seconds, sample_rate=rate), sample_rate=rate, channels=channels)
