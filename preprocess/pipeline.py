@@ -46,6 +46,13 @@ class Budgets:
         from omni_rl.models.families import FAMILIES
 
         patch = FAMILIES.get(media.family).patch_size or 14
+        image = ImageBudget(patch_size=patch, min_pixels=media.image_min_pixels, max_pixels=media.image_max_pixels)
+        smallest, largest = image.pixels()
+        if smallest > largest:  # one of them unset: qwen-vl-utils' default for the patch
+            raise OmniRLError(
+                f"media.image_min_pixels ({smallest}) is above media.image_max_pixels ({largest}) for "
+                f"{media.family} (patch {patch}; an unset one is qwen-vl-utils' default): no image could be resized"
+            )
         return cls(
             video=VideoBudget(
                 patch_size=patch,
@@ -57,7 +64,7 @@ class Budgets:
                 max_pixels=media.video_max_pixels,
                 total_pixels=media.video_total_pixels,
             ),
-            image=ImageBudget(patch_size=patch, min_pixels=media.image_min_pixels, max_pixels=media.image_max_pixels),
+            image=image,
             max_audio_seconds=media.max_audio_seconds,
             use_audio_in_video=media.use_audio_in_video,
             media_root=media.media_root,

@@ -582,3 +582,18 @@ def test_cache_gc_reads_the_rows_under_their_config_columns(dataset, tmp_path):
     preprocess(renamed, cache.root, budgets, workers=1, progress=False, columns=columns)
     assert len(referenced_keys(renamed, budgets, cache, columns)) == 4 == len(cache.entry_keys())
     assert referenced_keys(renamed, budgets, cache) == set()  # read as training would not
+
+
+def test_an_image_budget_whose_smallest_area_is_above_its_largest_is_refused_before_any_work():
+    """media.image_max_pixels below the family's default minimum (Qwen3-VL: 4,096 at
+    patch 16) loaded, and every image then failed on qwen-vl-utils' bare assert."""
+    from omni_rl.preprocess.config import MediaConfig
+
+    with pytest.raises(
+        OmniRLError, match=r"media\.image_min_pixels \(4096\) is above media\.image_max_pixels \(3136\)"
+    ):
+        Budgets.from_config(MediaConfig(family="qwen3_vl", image_max_pixels=3136))
+    with pytest.raises(
+        OmniRLError, match=r"image_min_pixels \(16000000\) is above media\.image_max_pixels \(12845056\)"
+    ):
+        Budgets.from_config(MediaConfig(image_min_pixels=16_000_000))
